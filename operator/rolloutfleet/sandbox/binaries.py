@@ -1,0 +1,227 @@
+"""Build and cache the binaries of the local control plane from their Go modules.
+
+Called by ``rolloutfleet sandbox build`` / ``sandbox up``, by ``.ci/run`` and by the test fixtures.
+It owns the per-version cache ``$ROLLOUTFLEET_CACHE/bin/<tool>-<version>/<binary>`` (default
+``~/.cache/rolloutfleet``), which lives outside the repository so that a fresh clone reuses it.
+
+Why wrapper modules: ``go install k8s.io/kubernetes/cmd/...@vX`` is refused because k8s.io/kubernetes's
+go.mod replaces its staging modules (``k8s.io/api => ./staging/src/k8s.io/api``) and requires them at
+``v0.0.0``. A throwaway module that requires k8s.io/kubernetes and replaces every such ``v0.0.0``
+requirement with the published ``v0.<minor>.<patch>`` tag resolves the same code from the module proxy.
+The replace list is generated from k8s.io/kubernetes's own go.mod, never hard-coded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+KUBERNETES_VERSION = "v1.36.3"
+ETCD_VERSION = "v3.6.16"
+KWOK_VERSION = "v0.8.0"
+HELM_VERSION = "v4.3.1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Tool:
+    """One binary: the Go module that holds it, its package path and how to stamp its version."""
+
+    name: str
+    module: str
+    version: str
+    package: str
+    kubernetes_staging: bool = False
+    ldflags: tuple[str, ...] = ()
+
+
+def _kubernetes_ldflags(version: str) -> tuple[str, ...]:
+    # Unstamped binaries report v0.0.0, which breaks helm's kubeVersion checks and kubectl's skew warnings.
+    major, minor, _ = version.lstrip("v").split(".")
+    stamp = {
+        "gitVersion": version,
+        "gitMajor": major,
+        "gitMinor": minor,
+        "gitTreeState": "clean",
+        "buildDate": "1970-01-01T00:00:00Z",
+    }
+    flags = []
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [f"-X {pkg}.{key}={value}" for key, value in stamp.items()]
+    return tuple(flags)
+
+
+def _kubernetes_tool(name: str) -> Tool:
+    return Tool(
+        name=name,
+        module="k8s.io/kubernetes",
+        version=KUBERNETES_VERSION,
+        package=f"k8s.io/kubernetes/cmd/{name}",
+        kubernetes_staging=True,
+        ldflags=_kubernetes_ldflags(KUBERNETES_VERSION),
+    )
+
+
+TOOLS: dict[str, Tool] = {
+    tool.name: tool
+    for tool in (
+        _kubernetes_tool("kube-apiserver"),
+        _kubernetes_tool("kube-controller-manager"),
+        _kubernetes_tool("kube-scheduler"),
+        _kubernetes_tool("kubectl"),
+        Tool("etcd", "go.etcd.io/etcd/server/v3", ETCD_VERSION, "go.etcd.io/etcd/server/v3"),
+        Tool(
+            "kwok",
+            "sigs.k8s.io/kwok",
+            KWOK_VERSION,
+            "sigs.k8s.io/kwok/cmd/kwok",
+            ldflags=(f"-X sigs.k8s.io/kwok/pkg/consts.Version={KWOK_VERSION}",),
+        ),
+        Tool(
+            "helm",
+            "helm.sh/helm/v4",
+            HELM_VERSION,
+            "helm.sh/helm/v4/cmd/helm",
+            ldflags=(
+                f"-X helm.sh/helm/v4/internal/version.version={HELM_VERSION}",
+                "-X helm.sh/helm/v4/internal/version.gitTreeState=clean",
+                # helm checks charts' kubeVersion against this when it has no cluster to ask.
+                f"-X helm.sh/helm/v4/pkg/chart/common.k8sVersionMajor={KUBERNETES_VERSION.split('.')[0][1:]}",
+                f"-X helm.sh/helm/v4/pkg/chart/common.k8sVersionMinor={KUBERNETES_VERSION.split('.')[1]}",
+            ),
+        ),
+    )
+}
+
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubectl")
+
+
+class BuildError(RuntimeError):
+    """A tool could not be built; the message names the tool, the command and Go's own output."""
+
+
+def cache_root() -> pathlib.Path:
+    """Where binaries and build logs are cached (outside the repository)."""
+    base = os.environ.get("ROLLOUTFLEET_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rolloutfleet"
+    )
+    return pathlib.Path(base)
+
+
+def binary_path(name: str) -> pathlib.Path:
+    """The cached binary of a tool (it may not exist yet)."""
+    tool = TOOLS[name]
+    return cache_root() / "bin" / f"{tool.name}-{tool.version}" / tool.name
+
+
+def _log(message: str) -> None:
+    print(f"[sandbox build] {message}", file=sys.stderr, flush=True)
+
+
+def _go(args: list[str], cwd: pathlib.Path, log: pathlib.Path) -> str:
+    env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=mod", GOWORK="off")
+    with log.open("a") as sink:
+        sink.write(f"$ go {' '.join(args)}\n")
+        sink.flush()
+        proc = subprocess.run(
+            ["go", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=sink, text=True, check=False
+        )
+        sink.write(proc.stdout)
+    if proc.returncode != 0:
+        tail = log.read_text().splitlines()[-25:]
+        raise BuildError(f"go {' '.join(args[:2])} failed (exit {proc.returncode}); log {log}:\n" + "\n".join(tail))
+    return proc.stdout
+
+
+def staging_replaces(kubernetes_gomod: str, version: str) -> list[tuple[str, str]]:
+    """Every requirement pinned at v0.0.0 in k8s.io/kubernetes's go.mod, mapped to its published tag.
+
+    >>> staging_replaces("require (\\n\\tk8s.io/api v0.0.0\\n\\tk8s.io/klog/v2 v2.1.0\\n)", "v1.36.3")
+    [('k8s.io/api', 'v0.36.3')]
+    """
+    staging_version = "v0." + version.lstrip("v").split(".", 1)[1]
+    found = re.findall(r"^\s*(?:require\s+)?(\S+)\s+v0\.0\.0(?:\s|$)", kubernetes_gomod, flags=re.MULTILINE)
+    return [(module, staging_version) for module in sorted(set(found))]
+
+
+def _wrapper_gomod(tool: Tool, workdir: pathlib.Path, log: pathlib.Path) -> str:
+    lines = ["module rolloutfleet.local/build/" + tool.name, "", "go 1.26", ""]
+    if tool.kubernetes_staging:
+        info = json.loads(_go(["mod", "download", "-json", f"{tool.module}@{tool.version}"], workdir, log))
+        replaces = staging_replaces(pathlib.Path(info["GoMod"]).read_text(), tool.version)
+        if not replaces:
+            raise BuildError(f"{tool.module}@{tool.version}: found no v0.0.0 staging requirements to replace")
+        lines += [f"replace {module} => {module} {ver}" for module, ver in replaces]
+    return "\n".join(lines) + "\n"
+
+
+def build(name: str, force: bool = False) -> pathlib.Path:
+    """Build one tool into the cache unless it is already there; return the binary's path."""
+    tool = TOOLS[name]
+    target = binary_path(name)
+    if target.exists() and not force:
+        return target
+    logs = cache_root() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / f"build-{tool.name}-{tool.version}.log"
+    log.write_text("")
+    started = time.monotonic()
+    _log(f"building {tool.name} {tool.version} from {tool.module} (cold builds take minutes; log: {log})")
+    with tempfile.TemporaryDirectory(prefix=f"rf-build-{tool.name}-") as tmp:
+        workdir = pathlib.Path(tmp)
+        (workdir / "go.mod").write_text(_wrapper_gomod(tool, workdir, log))
+        # `go get -tool` records the package as a tool of the wrapper and resolves the whole graph.
+        _go(["get", "-tool", f"{tool.package}@{tool.version}"], workdir, log)
+        staging = target.with_suffix(".partial")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        args = ["build", "-trimpath", "-o", str(staging)]
+        if tool.ldflags:
+            args += ["-ldflags", " ".join(("-s", "-w", *tool.ldflags))]
+        else:
+            args += ["-ldflags", "-s -w"]
+        _go([*args, tool.package], workdir, log)
+        staging.rename(target)
+    _log(f"built {tool.name} in {time.monotonic() - started:.0f}s -> {target}")
+    return target
+
+
+def ensure(names: tuple[str, ...] | list[str] = CONTROL_PLANE, force: bool = False) -> dict[str, pathlib.Path]:
+    """Build (or reuse) several tools in order and return their paths; progress goes to stderr."""
+    if shutil.which("go") is None:
+        raise BuildError("the go command is not on PATH; Go >= 1.26 is needed to build the local control plane")
+    paths = {}
+    for index, name in enumerate(names, start=1):
+        cached = binary_path(name).exists() and not force
+        _log(f"[{index}/{len(names)}] {name}: {'cached' if cached else 'building'}")
+        paths[name] = build(name, force=force)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("tools", nargs="*", default=list(CONTROL_PLANE) + ["helm"])
+    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
+    args = parser.parse_args(argv)
+    started = datetime.datetime.now()
+    try:
+        paths = ensure(args.tools, force=args.force)
+    except BuildError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    for name, path in paths.items():
+        print(f"{name}\t{path}")
+    _log(f"done in {(datetime.datetime.now() - started).total_seconds():.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
