@@ -21,7 +21,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _load(module: str) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]:
+def _load(
+    module: str,
+) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]:
     import importlib
 
     mod = importlib.import_module(module)

@@ -1,0 +1,341 @@
+"""The ``RolloutFleet`` custom resource: a fleet of vLLM GPU pods serving one policy (+ draft).
+
+Imported by reconcile, resources, planning and ``crdgen``. Owns the spec/status vocabulary of a fleet;
+the semantic rules that the schema cannot express live in ``validation``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import pydantic
+from pydantic import ConfigDict, Field
+
+from rolloutfleet.api import common
+from rolloutfleet.api.common import AbsolutePath, Condition, JsonDict, WireModel
+
+KIND = "RolloutFleet"
+PLURAL = "rolloutfleets"
+SINGULAR = "rolloutfleet"
+SHORT_NAMES = ["rfleet"]
+
+
+class DraftMethod(enum.StrEnum):
+    """How the draft model proposes tokens (vLLM ``speculative_config.method``)."""
+
+    NONE = "none"
+    DRAFT_MODEL = "draft_model"
+    EAGLE = "eagle"
+    EAGLE3 = "eagle3"
+    MTP = "mtp"
+
+
+# MTP heads live inside the verifier checkpoint; every other method has weights of its own.
+METHODS_WITH_OWN_WEIGHTS = frozenset({DraftMethod.DRAFT_MODEL, DraftMethod.EAGLE, DraftMethod.EAGLE3})
+# EAGLE-style drafts share embed_tokens/lm_head with the verifier by reference.
+METHODS_SHARING_VERIFIER_TENSORS = frozenset({DraftMethod.EAGLE, DraftMethod.EAGLE3, DraftMethod.MTP})
+
+
+class DraftPolicy(enum.StrEnum):
+    """Whether revisions update the draft."""
+
+    CO_UPDATE = "coUpdate"
+    FROZEN = "frozen"
+
+
+class UpdateMode(enum.StrEnum):
+    """How an engine takes new weights."""
+
+    SLEEP = "sleep"
+    INFLIGHT = "inflight"
+
+
+class RolloutType(enum.StrEnum):
+    """How pods of a fleet move to a revision relative to each other."""
+
+    ALL_AT_ONCE = "AllAtOnce"
+    ROLLING = "Rolling"
+
+
+class PrefixCaching(enum.StrEnum):
+    """Prefix caching under the parity profile."""
+
+    DISABLED = "Disabled"
+    RESET_ON_UPDATE = "ResetOnUpdate"
+
+
+class LogprobsMode(enum.StrEnum):
+    """vLLM ``--logprobs-mode``; RL needs the processed ones."""
+
+    PROCESSED_LOGPROBS = "processed_logprobs"
+    PROCESSED_LOGITS = "processed_logits"
+    RAW_LOGPROBS = "raw_logprobs"
+    RAW_LOGITS = "raw_logits"
+
+
+class VerifierSpec(WireModel):
+    """The policy model the fleet serves at start-up (before any WeightRevision)."""
+
+    path: AbsolutePath = Field(description="Absolute path of the initial checkpoint inside the weights volume.")
+    served_model_name: str = Field(
+        default="policy",
+        min_length=1,
+        max_length=253,
+        description="Name clients use in requests (vLLM --served-model-name).",
+    )
+
+
+class DraftSpec(WireModel):
+    """The speculative-decoding draft model."""
+
+    method: DraftMethod = Field(default=DraftMethod.NONE, description="Draft method; `none` disables speculation.")
+    path: AbsolutePath | None = Field(
+        default=None,
+        description="Absolute path of the initial draft checkpoint (required unless method is none/mtp).",
+    )
+    num_speculative_tokens: int = Field(default=3, ge=1, le=16, description="Tokens proposed per step.")
+    policy: DraftPolicy = Field(
+        default=DraftPolicy.CO_UPDATE,
+        description="coUpdate: every revision updates the draft after the verifier; frozen: never overwritten, "
+        "restored from `path` after a level-2 sleep.",
+    )
+    digest: str | None = Field(
+        default=None,
+        max_length=71,
+        pattern=r"^blake3:[0-9a-f]{64}$",
+        description="Expected digest of a frozen draft (`rolloutfleet digest PATH`); recorded on first load if unset.",
+    )
+
+
+class WeightsVolume(WireModel):
+    """Where checkpoints live: a PVC mounted read-only into every pod."""
+
+    claim_name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=common.NAME_PATTERN,
+        description="PersistentVolumeClaim holding the weights.",
+    )
+    mount_path: AbsolutePath = Field(default="/weights", description="Where the volume is mounted in the pods.")
+    allowed_roots: list[AbsolutePath] = Field(
+        min_length=1,
+        max_length=16,
+        description="Checkpoint paths of revisions must lie under one of these directories.",
+    )
+
+
+class StepTimeouts(WireModel):
+    """Per-step timeouts of the weight-update transaction, in seconds."""
+
+    pause_seconds: int = Field(default=60, ge=1, le=86400, description="pause(keep) and resume.")
+    sleep_seconds: int = Field(default=120, ge=1, le=86400, description="sleep(level 2).")
+    wake_seconds: int = Field(default=300, ge=1, le=86400, description="Each wake_up (weights, kv_cache).")
+    load_seconds: int = Field(default=1800, ge=1, le=86400, description="Each load (verifier, draft).")
+    verify_seconds: int = Field(default=120, ge=1, le=86400, description="Digest verification and parity probe.")
+
+
+MAX_UNAVAILABLE_RULE: JsonDict = {
+    "rule": "type(self) == int ? self >= 1 : self.matches('^([1-9][0-9]?|100)%$')",
+    "message": "must be an integer >= 1 or a percentage between 1% and 100%",
+}
+
+
+class UpdateStrategy(WireModel):
+    """How a revision is rolled across the fleet."""
+
+    mode: UpdateMode = Field(
+        default=UpdateMode.SLEEP,
+        description="sleep: level-2 sleep, wake, load; inflight: pause(keep), load, resume.",
+    )
+    rollout: RolloutType = Field(
+        default=RolloutType.ALL_AT_ONCE,
+        description="AllAtOnce: no pod resumes on a revision before all verified it; "
+        "Rolling: maxUnavailable at a time.",
+    )
+    max_unavailable: int | str = Field(
+        default=1,
+        description="Rolling: pods out of service at once (an integer or a percentage such as 25%).",
+        json_schema_extra={
+            "x-kubernetes-int-or-string": True,
+            "x-kubernetes-validations": [MAX_UNAVAILABLE_RULE],
+        },
+    )
+    max_concurrent_loads: int | None = Field(
+        default=None,
+        ge=1,
+        le=100000,
+        description="Cap on pods loading at once (protects shared storage); unset: no cap.",
+    )
+    canary: int = Field(default=0, ge=0, le=100000, description="Pods updated (and parity-probed) before the rest.")
+    max_retries: int = Field(default=2, ge=0, le=20, description="Retries of a failed step per pod before rollback.")
+    timeouts: StepTimeouts = Field(default_factory=StepTimeouts, description="Per-step timeouts.")
+
+
+class ParityProfile(WireModel):
+    """Engine settings that keep rollout logprobs consistent with the trainer's (on by default)."""
+
+    enabled: bool = Field(default=True, description="Apply the profile; when false, none of it is enforced.")
+    logprobs_mode: LogprobsMode = Field(default=LogprobsMode.PROCESSED_LOGPROBS, description="vLLM --logprobs-mode.")
+    prefix_caching: PrefixCaching = Field(
+        default=PrefixCaching.DISABLED,
+        description="Disabled, or ResetOnUpdate: caching on and reset on every weight update.",
+    )
+    fp32_lm_head: bool = Field(
+        default=True, description="Run the lm_head in fp32 like the trainer (hf-overrides head_dtype)."
+    )
+    async_scheduling: bool = Field(
+        default=False, description="vLLM async scheduling; off for deterministic RL rollouts."
+    )
+    batch_invariant: bool = Field(default=False, description="Set VLLM_BATCH_INVARIANT=1 (deterministic, slower).")
+
+
+class EnvVar(WireModel):
+    """A plain environment variable for the engine container."""
+
+    name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Variable name.")
+    value: str = Field(default="", max_length=32768, description="Variable value.")
+
+
+class Toleration(WireModel):
+    """A Kubernetes toleration (same fields as core/v1)."""
+
+    key: str | None = Field(default=None, max_length=316, description="Taint key; empty matches all keys.")
+    operator: str | None = Field(default=None, max_length=16, description="Exists or Equal.")
+    value: str | None = Field(default=None, max_length=253, description="Taint value for Equal.")
+    effect: str | None = Field(default=None, max_length=32, description="NoSchedule, PreferNoSchedule or NoExecute.")
+    toleration_seconds: int | None = Field(default=None, description="How long a NoExecute taint is tolerated.")
+
+
+class Scheduling(WireModel):
+    """Where engine pods may run."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods require.")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64, description="Taints the pods tolerate.")
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="A core/v1 Affinity, passed through unchanged.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    priority_class_name: str | None = Field(default=None, max_length=253, description="PriorityClass of the pods.")
+
+
+class Resources(WireModel):
+    """Extra container resources (GPUs come from gpusPerPod)."""
+
+    requests: dict[str, int | str] = Field(default_factory=dict, description="e.g. cpu: 8, memory: 64Gi.")
+    limits: dict[str, int | str] = Field(default_factory=dict, description="e.g. memory: 128Gi.")
+
+
+class NetworkAccess(WireModel):
+    """Who may reach the engine port (the operator always may)."""
+
+    client_pod_selector: dict[str, str] = Field(
+        default_factory=lambda: {"rolloutfleet.io/client": "true"},
+        description="matchLabels of pods (in clientNamespaces) allowed to send generation traffic.",
+    )
+    client_namespace_selector: dict[str, str] | None = Field(
+        default=None, description="matchLabels of namespaces of clients; unset: the fleet's namespace only."
+    )
+
+
+SPEC_RULES: list[pydantic.JsonValue] = [
+    {
+        "rule": "self.draft.method in ['none', 'mtp'] || has(self.draft.path)",
+        "message": "draft.path is required for draft methods with weights of their own",
+        "fieldPath": ".draft.path",
+    },
+    {
+        "rule": "self.gpusPerPod % self.tensorParallelSize == 0",
+        "message": "gpusPerPod must be a multiple of tensorParallelSize",
+        "fieldPath": ".tensorParallelSize",
+    },
+]
+
+
+class RolloutFleetSpec(WireModel):
+    """Desired state of a fleet."""
+
+    model_config = ConfigDict(**WireModel.model_config, json_schema_extra={"x-kubernetes-validations": SPEC_RULES})
+
+    replicas: int = Field(default=1, ge=0, le=100000, description="Number of engine pods.")
+    image: str = Field(
+        min_length=1, max_length=1024, description="vLLM image carrying the rolloutfleet worker extension."
+    )
+    gpus_per_pod: int = Field(default=1, ge=1, le=64, description="nvidia.com/gpu per pod.")
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="vLLM --tensor-parallel-size.")
+    port: int = Field(default=8000, ge=1024, le=65535, description="Engine HTTP port.")
+    verifier: VerifierSpec = Field(description="The policy model served at start-up.")
+    draft: DraftSpec = Field(default_factory=DraftSpec, description="Speculative-decoding draft.")
+    weights: WeightsVolume = Field(description="The weights volume and the roots revisions may use.")
+    update_strategy: UpdateStrategy = Field(default_factory=UpdateStrategy, description="How revisions roll.")
+    parity: ParityProfile = Field(default_factory=ParityProfile, description="The RL parity profile.")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Extra vLLM arguments; must not contradict the parity profile.",
+    )
+    env: list[EnvVar] = Field(default_factory=list, max_length=128, description="Extra environment variables.")
+    resources: Resources = Field(default_factory=Resources, description="Extra container resources.")
+    scheduling: Scheduling = Field(default_factory=Scheduling, description="Node selection and priority.")
+    network: NetworkAccess = Field(default_factory=NetworkAccess, description="NetworkPolicy client selection.")
+    startup_timeout_seconds: int = Field(
+        default=3600, ge=60, le=86400, description="Budget of the startup probe (model load at start)."
+    )
+
+
+class PodState(WireModel):
+    """What one engine pod serves, as last observed."""
+
+    name: str = Field(description="Pod name.")
+    ip: str | None = Field(default=None, description="Pod IP.")
+    phase: str = Field(default="Pending", description="Pod phase.")
+    ready: bool = Field(default=False, description="Pod Ready condition.")
+    revision: int | None = Field(
+        default=None, description="Verifier revision the engine holds (unset: initial/unknown)."
+    )
+    draft_revision: int | None = Field(default=None, description="Draft revision the engine holds.")
+    step: str | None = Field(default=None, description="Update step in progress, if any.")
+    weight_version: str | None = Field(default=None, description="Weight version stamped on outputs.")
+
+
+class RolloutFleetStatus(WireModel):
+    """Observed state of a fleet."""
+
+    observed_generation: int | None = Field(default=None, description="metadata.generation last reconciled.")
+    replicas: int = Field(default=0, description="Pods that exist.")
+    ready_replicas: int = Field(default=0, description="Pods Ready.")
+    updated_replicas: int = Field(default=0, description="Pods on the current pod template.")
+    selector: str | None = Field(default=None, description="Label selector of the pods (scale subresource).")
+    current_revision: int | None = Field(
+        default=None, description="Revision every pod serves (unset: initial weights)."
+    )
+    target_revision: int | None = Field(default=None, description="Revision being rolled out, if any.")
+    frozen_draft_digest: str | None = Field(default=None, description="Digest recorded for a frozen draft.")
+    pods: list[PodState] = Field(
+        default_factory=list,
+        description="Per-pod state.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Available, Progressing, Degraded.",
+        json_schema_extra=common.CONDITIONS_LIST_EXTRA,
+    )
+
+
+class RolloutFleet(WireModel):
+    """A fleet of vLLM GPU pods that serve one policy and move between WeightRevisions."""
+
+    spec: RolloutFleetSpec
+    status: RolloutFleetStatus | None = None
+
+
+PRINTER_COLUMNS = [
+    {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
+    {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+    {"name": "Revision", "type": "integer", "jsonPath": ".status.currentRevision"},
+    {"name": "Target", "type": "integer", "jsonPath": ".status.targetRevision"},
+    {"name": "Available", "type": "string", "jsonPath": ".status.conditions[?(@.type=='Available')].status"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]

@@ -1,0 +1,159 @@
+"""The ``WeightRevision`` custom resource: one set of policy weights for one fleet.
+
+Imported by reconcile, planning and ``crdgen``. Owns the spec/status vocabulary of a revision rollout:
+phases, per-pod progress, step timings and conditions.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+
+from pydantic import Field
+
+from rolloutfleet.api import common
+from rolloutfleet.api.common import AbsolutePath, Condition, JsonDict, LocalObjectReference, WireModel
+from rolloutfleet.api.fleet import RolloutType, UpdateMode
+
+KIND = "WeightRevision"
+PLURAL = "weightrevisions"
+SINGULAR = "weightrevision"
+SHORT_NAMES = ["wrev"]
+
+DIGEST_PATTERN = r"^blake3:[0-9a-f]{64}$"
+IMMUTABLE_RULE: JsonDict = {"rule": "self == oldSelf", "message": "is immutable"}
+
+
+class WeightSource(WireModel):
+    """A checkpoint directory of safetensors files, optionally pinned by its digest."""
+
+    path: AbsolutePath = Field(description="Absolute checkpoint directory under one of the fleet's allowedRoots.")
+    digest: str | None = Field(
+        default=None,
+        max_length=71,
+        pattern=DIGEST_PATTERN,
+        description="Expected digest (`rolloutfleet digest PATH`); when set, every engine must report exactly it.",
+    )
+
+
+class ParityProbe(WireModel):
+    """A check computed by the trainer: processed logprobs of a fixed token sequence."""
+
+    prompt_token_ids: list[int] = Field(min_length=1, max_length=4096, description="Prompt token ids.")
+    expected_logprobs: list[float] = Field(
+        min_length=1, max_length=4096, description="Expected processed logprob of each greedy output token."
+    )
+    tolerance: float = Field(default=0.02, ge=0.0, le=10.0, description="Maximum absolute difference allowed.")
+
+
+class StrategyOverride(WireModel):
+    """Per-revision override of the fleet's update strategy (unset fields keep the fleet's)."""
+
+    mode: UpdateMode | None = Field(default=None, description="sleep or inflight.")
+    rollout: RolloutType | None = Field(default=None, description="AllAtOnce or Rolling.")
+    max_unavailable: int | str | None = Field(
+        default=None,
+        description="Rolling: pods out of service at once.",
+        json_schema_extra={"x-kubernetes-int-or-string": True},
+    )
+    max_concurrent_loads: int | None = Field(default=None, ge=1, le=100000, description="Cap on parallel loads.")
+    canary: int | None = Field(default=None, ge=0, le=100000, description="Pods updated and probed first.")
+
+
+class WeightRevisionSpec(WireModel):
+    """Desired weights for a fleet."""
+
+    fleet_ref: LocalObjectReference = Field(
+        description="The RolloutFleet (same namespace) this revision is for; immutable.",
+        json_schema_extra={"x-kubernetes-validations": [IMMUTABLE_RULE]},
+    )
+    revision: int = Field(
+        ge=0,
+        description="Monotonic revision number, e.g. the training step; immutable.",
+        json_schema_extra={"x-kubernetes-validations": [IMMUTABLE_RULE]},
+    )
+    verifier: WeightSource = Field(description="Verifier (policy) checkpoint.")
+    draft: WeightSource | None = Field(
+        default=None,
+        description="Draft checkpoint; required when the fleet co-updates a draft with its own weights.",
+    )
+    parity_probe: ParityProbe | None = Field(default=None, description="Optional parity check on canary pods.")
+    strategy: StrategyOverride | None = Field(default=None, description="Optional override of the fleet's strategy.")
+
+
+class Phase(enum.StrEnum):
+    """Where a revision stands (derived each reconcile from observed engines, never a cursor)."""
+
+    PENDING = "Pending"
+    PROGRESSING = "Progressing"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUPERSEDED = "Superseded"
+    ROLLED_BACK = "RolledBack"
+
+
+class PodProgress(WireModel):
+    """One pod's progress through the transaction."""
+
+    name: str = Field(description="Pod name.")
+    step: str = Field(default="Pending", description="Current or last step.")
+    verifier_digest: str | None = Field(default=None, description="Digest the engine reports for the verifier.")
+    draft_digest: str | None = Field(default=None, description="Digest the engine reports for the draft.")
+    attempts: int = Field(default=0, description="Failed attempts so far.")
+    message: str | None = Field(default=None, description="Last error, if any.")
+
+
+class StepTiming(WireModel):
+    """Duration statistics of one transaction step across pods."""
+
+    step: str = Field(description="Step name.")
+    count: int = Field(default=0, description="Pods that completed it.")
+    median_seconds: float = Field(default=0.0, description="Median duration.")
+    max_seconds: float = Field(default=0.0, description="Maximum duration.")
+
+
+class WeightRevisionStatus(WireModel):
+    """Observed state of a revision rollout."""
+
+    observed_generation: int | None = Field(default=None, description="metadata.generation last reconciled.")
+    phase: Phase = Field(
+        default=Phase.PENDING, description="Pending, Progressing, Succeeded, Failed, Superseded, RolledBack."
+    )
+    pods_updated: int = Field(default=0, description="Pods serving this revision, verified.")
+    pods_total: int = Field(default=0, description="Pods of the fleet.")
+    updated: str = Field(default="0/0", description="podsUpdated/podsTotal, for printing.")
+    reason: str | None = Field(default=None, description="Reason of the phase, if it is a failure.")
+    message: str | None = Field(default=None, description="Details of the phase.")
+    start_time: datetime.datetime | None = Field(default=None, description="When the rollout started.")
+    completion_time: datetime.datetime | None = Field(default=None, description="When it ended.")
+    pods: list[PodProgress] = Field(
+        default_factory=list,
+        description="Per-pod progress.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    timings: list[StepTiming] = Field(
+        default_factory=list,
+        description="Per-step timings.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["step"]},
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, Progressing, Verified.",
+        json_schema_extra=common.CONDITIONS_LIST_EXTRA,
+    )
+
+
+class WeightRevision(WireModel):
+    """One set of policy weights that a fleet moves to."""
+
+    spec: WeightRevisionSpec
+    status: WeightRevisionStatus | None = None
+
+
+PRINTER_COLUMNS = [
+    {"name": "Fleet", "type": "string", "jsonPath": ".spec.fleetRef.name"},
+    {"name": "Revision", "type": "integer", "jsonPath": ".spec.revision"},
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Updated", "type": "string", "jsonPath": ".status.updated"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
