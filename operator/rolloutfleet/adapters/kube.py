@@ -1,0 +1,216 @@
+"""The operator's Kubernetes I/O: server-side apply, reads, status patches, Secrets, Events.
+
+Called by ``rolloutfleet.reconcile`` only. The official ``kubernetes`` client is synchronous, so every call
+runs on a bounded thread pool owned by this adapter and is awaited; the kopf event loop never blocks.
+Errors come back as ``KubeError`` with the HTTP status, so reconcile can map them to kopf's temporary or
+permanent errors in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import datetime
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.dynamic import DynamicClient
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic.exceptions import NotFoundError
+
+Manifest = dict[str, Any]
+T = TypeVar("T")
+FIELD_MANAGER = "rolloutfleet-operator"
+
+
+class KubeError(RuntimeError):
+    """A Kubernetes API call failed; ``status`` is the HTTP status (0 when none was received)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"Kubernetes API {status}: {message}")
+        self.status = status
+
+
+def _status_of(exc: Exception) -> int:
+    return int(getattr(exc, "status", 0) or 0)
+
+
+class Kube:
+    """One connection to the API server, shared by all reconciles of the process."""
+
+    def __init__(self, api_client: k8s_client.ApiClient | None = None, *, threads: int = 16) -> None:
+        self._api_client = api_client
+        self._dynamic: DynamicClient | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
+        self.requests = 0  # API requests issued, for the rollout benchmark's per-pod accounting
+
+    @classmethod
+    def from_environment(cls, kubeconfig: str | None = None) -> Kube:
+        """In-cluster config when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+        try:
+            k8s_config.load_incluster_config()
+            return cls(k8s_client.ApiClient())
+        except k8s_config.ConfigException:
+            configuration = k8s_client.Configuration()
+            k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+            return cls(k8s_client.ApiClient(configuration))
+
+    def close(self) -> None:
+        """Release the thread pool and connections."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._api_client is not None:
+            self._api_client.close()
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        self.requests += 1
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._pool, fn)
+        except NotFoundError:
+            raise
+        except ApiException as exc:
+            raise KubeError(_status_of(exc), _reason(exc)) from exc
+        except (OSError, k8s_client.exceptions.OpenApiException) as exc:
+            raise KubeError(_status_of(exc), str(exc)) from exc
+
+    def _dyn(self) -> DynamicClient:
+        # Discovery is lazy and cached by the dynamic client; built on first use, on a pool thread.
+        if self._dynamic is None:
+            self._dynamic = DynamicClient(self._api_client or k8s_client.ApiClient())
+        return self._dynamic
+
+    def _resource(self, api_version: str, kind: str) -> Any:
+        return self._dyn().resources.get(api_version=api_version, kind=kind)
+
+    async def apply(self, manifest: Manifest) -> Manifest:
+        """Server-side apply with the operator's field manager (conflicts forced: we own these fields)."""
+        meta = manifest["metadata"]
+
+        def call() -> Manifest:
+            res = self._resource(manifest["apiVersion"], manifest["kind"])
+            out = self._dyn().server_side_apply(
+                res,
+                body=manifest,
+                name=meta["name"],
+                namespace=meta.get("namespace"),
+                field_manager=FIELD_MANAGER,
+                force_conflicts=True,
+            )
+            return _to_dict(out)
+
+        return await self._run(call)
+
+    async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
+        """One object, or None when it does not exist."""
+
+        def call() -> Manifest | None:
+            try:
+                return _to_dict(self._resource(api_version, kind).get(name=name, namespace=namespace))
+            except NotFoundError:
+                return None
+
+        return await self._run(call)
+
+    async def list(
+        self, api_version: str, kind: str, namespace: str | None, label_selector: str = ""
+    ) -> list[Manifest]:
+        """Objects of a kind in a namespace, optionally filtered by labels."""
+
+        def call() -> list[Manifest]:
+            out = self._resource(api_version, kind).get(namespace=namespace, label_selector=label_selector)
+            return [_to_dict(item) for item in out.items]
+
+        return await self._run(call)
+
+    async def create(self, manifest: Manifest) -> Manifest | None:
+        """Create an object; None when it already exists (409)."""
+
+        def call() -> Manifest | None:
+            res = self._resource(manifest["apiVersion"], manifest["kind"])
+            try:
+                return _to_dict(res.create(body=manifest, namespace=manifest["metadata"].get("namespace")))
+            except ApiException as exc:
+                if _status_of(exc) == 409:
+                    return None
+                raise
+
+        return await self._run(call)
+
+    async def patch_status(self, api_version: str, kind: str, namespace: str, name: str, status: Manifest) -> Manifest:
+        """Merge-patch the status subresource (only the fields given)."""
+
+        def call() -> Manifest:
+            res = self._resource(api_version, kind).subresources["status"]
+            out = res.patch(
+                body={"status": status},
+                name=name,
+                namespace=namespace,
+                content_type="application/merge-patch+json",
+            )
+            return _to_dict(out)
+
+        return await self._run(call)
+
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        """Delete an object (absent is fine)."""
+
+        def call() -> None:
+            try:
+                self._resource(api_version, kind).delete(name=name, namespace=namespace)
+            except NotFoundError:
+                return
+
+        await self._run(call)
+
+    async def event(self, involved: Manifest, type_: str, reason: str, message: str) -> None:
+        """Post a core/v1 Event about an object (best effort: events never fail a reconcile)."""
+        meta = involved["metadata"]
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": involved["apiVersion"],
+                "kind": involved["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "reportingInstance": FIELD_MANAGER,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "eventTime": now,
+            "action": reason,
+            "count": 1,
+        }
+        try:
+            await self.create(body)
+        except KubeError:
+            return
+
+
+def _reason(exc: ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "{}")
+        return str(body.get("message") or exc.reason)
+    except (ValueError, TypeError):
+        return str(exc.reason)
+
+
+def _to_dict(obj: Any) -> Manifest:
+    if isinstance(obj, dict):
+        return obj
+    to_dict = getattr(obj, "to_dict", None)
+    if callable(to_dict):
+        out: Manifest = to_dict()
+        return out
+    return dict(obj)

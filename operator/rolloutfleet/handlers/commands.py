@@ -1,0 +1,50 @@
+"""``rolloutfleet run``: start the operator (kopf) with the project's handlers and settings.
+
+Called through ``rolloutfleet.cli`` and by the operator image's entrypoint, and by the integration tests
+as a subprocess. Watches the given namespaces (or all), with kopf peering for HA unless ``--standalone``.
+The operator never installs CRDs: the chart (or the test fixture) does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add this command's arguments."""
+    parser.add_argument("-n", "--namespace", action="append", default=[], help="namespace to watch (repeatable)")
+    parser.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    parser.add_argument("--standalone", action="store_true", help="no peering (single replica only)")
+    parser.add_argument("--peering", default=None, help="kopf peering object name (HA with several replicas)")
+    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("ROLLOUTFLEET_METRICS_PORT", "8080")))
+    parser.add_argument("--liveness", default="http://0.0.0.0:8081/healthz", help="kopf liveness endpoint")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the operator until it is signalled to stop."""
+    import kopf
+
+    from rolloutfleet.handlers import wiring
+
+    del wiring  # imported for its decorators
+    os.environ["ROLLOUTFLEET_METRICS_PORT"] = str(args.metrics_port)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    namespaces = (
+        [] if args.all_namespaces else (args.namespace or [os.environ.get("ROLLOUTFLEET_WATCH_NAMESPACE", "default")])
+    )
+    asyncio.run(
+        kopf.operator(
+            clusterwide=args.all_namespaces,
+            namespaces=namespaces,
+            standalone=args.standalone,
+            peering_name=args.peering,
+            liveness_endpoint=args.liveness or None,
+        )
+    )
+    return 0

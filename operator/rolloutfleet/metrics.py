@@ -1,0 +1,72 @@
+"""Prometheus metrics of the operator, served on its metrics port by ``rolloutfleet run``.
+
+Imported by reconcile (fleet and revision) to record what happened. One registry per process, created by
+``Metrics()`` and kept in kopf's memo (no module-level mutable state), so tests can make their own.
+"""
+
+from __future__ import annotations
+
+import prometheus_client as prom
+
+STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+
+class Metrics:
+    """Every metric the operator exports."""
+
+    def __init__(self, registry: prom.CollectorRegistry | None = None) -> None:
+        self.registry = registry or prom.CollectorRegistry()
+        r = self.registry
+        self.fleets = prom.Gauge("rolloutfleet_fleets", "RolloutFleets reconciled by this operator.", registry=r)
+        self.replicas_desired = prom.Gauge(
+            "rolloutfleet_fleet_replicas_desired", "spec.replicas of a fleet.", ["namespace", "fleet"], registry=r
+        )
+        self.replicas_ready = prom.Gauge(
+            "rolloutfleet_fleet_replicas_ready", "Ready engine pods of a fleet.", ["namespace", "fleet"], registry=r
+        )
+        self.reconciles = prom.Counter(
+            "rolloutfleet_reconcile_total", "Reconciles by kind and outcome.", ["kind", "outcome"], registry=r
+        )
+        self.validation_failures = prom.Counter(
+            "rolloutfleet_validation_failures_total", "Objects refused by semantic validation.", ["kind"], registry=r
+        )
+        self.step_duration = prom.Histogram(
+            "rolloutfleet_update_step_duration_seconds",
+            "Duration of one step of the per-pod weight-update transaction.",
+            ["step", "mode"],
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.rollout_duration = prom.Histogram(
+            "rolloutfleet_revision_rollout_duration_seconds",
+            "Time from a WeightRevision's start to its end, by outcome phase.",
+            ["phase"],
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.pods_at_revision = prom.Gauge(
+            "rolloutfleet_pods_at_revision",
+            "Engine pods serving each revision.",
+            ["namespace", "fleet", "revision"],
+            registry=r,
+        )
+        self.update_failures = prom.Counter(
+            "rolloutfleet_update_failures_total", "Failed steps of the transaction.", ["step", "reason"], registry=r
+        )
+        self.rollbacks = prom.Counter(
+            "rolloutfleet_rollbacks_total", "Pods rolled back to the previous revision.", registry=r
+        )
+        self.revisions = prom.Counter(
+            "rolloutfleet_revisions_total", "WeightRevisions that reached a final phase.", ["phase"], registry=r
+        )
+        self.engine_request_seconds = prom.Histogram(
+            "rolloutfleet_engine_request_duration_seconds",
+            "Latency of HTTP requests from the operator to engines.",
+            ["route", "outcome"],
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - scraped from inside the cluster
+        """Start the /metrics HTTP server (a daemon thread; prometheus_client's own)."""
+        prom.start_http_server(port, addr=addr, registry=self.registry)

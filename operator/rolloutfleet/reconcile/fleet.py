@@ -1,0 +1,114 @@
+"""``reconcile_fleet``: one level-triggered pass over a RolloutFleet.
+
+Called by the fleet handlers (create, update, resume, timer). Observe the fleet, its StatefulSet and pods
+→ validate (pure) → build the children (pure) → server-side apply them → build the status (pure) → patch
+it only when it differs from what is stored. Invalid specs never touch the children: the fleet keeps
+serving what it served, and the problem is reported once as ``Degraded/ValidationFailed`` plus a Warning
+event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from typing import Any
+
+from rolloutfleet.api import common, validation
+from rolloutfleet.api.fleet import RolloutFleetSpec, RolloutFleetStatus
+from rolloutfleet.planning import fleet_status
+from rolloutfleet.reconcile.context import OperatorContext
+from rolloutfleet.resources import children, labels
+
+Manifest = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetOutcome:
+    """What a pass did (for logs, tests and metrics)."""
+
+    valid: bool
+    applied: int
+    status_written: bool
+    errors: tuple[str, ...] = ()
+
+
+async def reconcile_fleet(ctx: OperatorContext, body: Manifest) -> FleetOutcome:
+    """Converge one fleet's children and status to its spec."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    generation = int(meta.get("generation") or 0)
+    old_status = _parse_status(body.get("status"))
+    spec, errors = validation.parse_fleet_spec(body.get("spec") or {})
+    if spec is not None:
+        errors = validation.validate_fleet(spec)
+    ctx.metrics.replicas_desired.labels(namespace, name).set(int((body.get("spec") or {}).get("replicas") or 0))
+    if spec is None or errors:
+        ctx.metrics.validation_failures.labels("RolloutFleet").inc()
+        message = validation.summary(errors)
+        new_status = fleet_status.invalid(old_status, message, generation)
+        written = await _write_status(ctx, body, old_status, new_status)
+        if written and fleet_status.newly_invalid(old_status, message):
+            await ctx.kube.event(body, "Warning", "ValidationFailed", message)
+        ctx.metrics.reconciles.labels("RolloutFleet", "invalid").inc()
+        return FleetOutcome(valid=False, applied=0, status_written=written, errors=tuple(str(e) for e in errors))
+
+    owner = children.Owner(name=name, namespace=namespace, uid=meta["uid"])
+    await _ensure_token(ctx, owner)
+    desired = children.build_children(owner, spec, ctx.operator_namespace)
+    for manifest in desired:
+        await ctx.kube.apply(manifest)
+    sts = await ctx.kube.get("apps/v1", "StatefulSet", namespace, labels.statefulset_name(name))
+    pods = await ctx.kube.list("v1", "Pod", namespace, labels.selector_string(name))
+    new_status = fleet_status.observed(old_status, spec, name, generation, sts, pods)
+    ctx.metrics.replicas_ready.labels(namespace, name).set(new_status.ready_replicas)
+    written = await _write_status(ctx, body, old_status, new_status)
+    if written:
+        await _events_for_flips(ctx, body, old_status, new_status)
+    ctx.metrics.reconciles.labels("RolloutFleet", "ok").inc()
+    return FleetOutcome(valid=True, applied=len(desired), status_written=written)
+
+
+def _parse_status(raw: object) -> RolloutFleetStatus:
+    try:
+        return RolloutFleetStatus.model_validate(raw or {})
+    except ValueError:
+        # A status we cannot read (an older operator's shape) is rebuilt from observations.
+        return RolloutFleetStatus()
+
+
+async def _ensure_token(ctx: OperatorContext, owner: children.Owner) -> None:
+    """Create the control-token Secret once; an existing token is never read into logs or rotated here."""
+    existing = await ctx.kube.get("v1", "Secret", owner.namespace, labels.token_secret_name(owner.name))
+    if existing is None:
+        await ctx.kube.create(children.build_token_secret(owner, secrets.token_urlsafe(32)))
+
+
+async def _write_status(ctx: OperatorContext, body: Manifest, old: RolloutFleetStatus, new: RolloutFleetStatus) -> bool:
+    """Patch the status subresource only with fields that changed."""
+    old_wire, new_wire = old.to_wire(), new.to_wire()
+    changed = {k: v for k, v in new_wire.items() if old_wire.get(k) != v}
+    if not changed:
+        return False
+    meta = body["metadata"]
+    await ctx.kube.patch_status(common.API_VERSION, "RolloutFleet", meta["namespace"], meta["name"], changed)
+    return True
+
+
+async def _events_for_flips(
+    ctx: OperatorContext, body: Manifest, old: RolloutFleetStatus, new: RolloutFleetStatus
+) -> None:
+    for cond in fleet_status.flipped_conditions(old, new):
+        warning = (cond.type == "Degraded" and cond.status == common.ConditionStatus.TRUE) or (
+            cond.type == "Available" and cond.status == common.ConditionStatus.FALSE
+        )
+        await ctx.kube.event(
+            body, "Warning" if warning else "Normal", cond.reason, f"{cond.type}={cond.status.value}: {cond.message}"
+        )
+
+
+def spec_or_none(body: Manifest) -> RolloutFleetSpec | None:
+    """The fleet's spec when it parses and validates, else None (used by the revision loop)."""
+    spec, errors = validation.parse_fleet_spec(body.get("spec") or {})
+    if spec is None or errors or validation.validate_fleet(spec):
+        return None
+    return spec
