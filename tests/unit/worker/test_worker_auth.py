@@ -1,0 +1,129 @@
+"""ControlAuthMiddleware on a real Starlette app, added the way vLLM's ``--middleware`` adds it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from rolloutfleet_worker import auth
+
+pytestmark = pytest.mark.unit
+
+TOKEN = "s3cr3t-token-value"
+OPEN = ["/health", "/ping", "/metrics", "/version", "/load", "/v1/models", "/v1/completions", "/tokenize"]
+OPEN += ["/detokenize", "/invocations"]
+
+
+async def _ok(request: Request) -> JSONResponse:
+    return JSONResponse({"path": request.url.path})
+
+
+def _app() -> Starlette:
+    routes = [Route(p, _ok, methods=["GET", "POST"]) for p in [*auth.CONTROL_ROUTES, *OPEN, "/docs"]]
+    app = Starlette(routes=routes)
+    app.add_middleware(auth.ControlAuthMiddleware)  # exactly what vLLM does with --middleware
+    return app
+
+
+@pytest.fixture
+def token_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    f = tmp_path / "token"
+    f.write_text(TOKEN + "\n")
+    monkeypatch.setenv(auth.TOKEN_FILE_ENV, str(f))
+    return f
+
+
+@pytest.fixture
+async def client(token_file: Path) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=_app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://engine") as c:
+        yield c
+
+
+def test_required_routes_are_listed() -> None:
+    required = {"/pause", "/resume", "/sleep", "/wake_up", "/collective_rpc", "/update_weight_version"}
+    required |= {"/init_weight_transfer_engine", "/start_weight_update", "/start_draft_weight_update"}
+    required |= {"/update_weights", "/finish_weight_update", "/reset_prefix_cache", "/server_info"}
+    required |= {"/is_sleeping", "/is_paused", "/weight_info"}
+    assert required <= set(auth.CONTROL_ROUTES)
+    assert not any(auth.is_open(p) for p in auth.CONTROL_ROUTES)
+
+
+@pytest.mark.parametrize("route", auth.CONTROL_ROUTES)
+async def test_control_route_needs_the_token(client: httpx.AsyncClient, route: str) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}, {"Authorization": "Basic x"}):
+        r = await client.post(route, headers=headers)
+        assert r.status_code == 401, (route, headers)
+        assert r.headers["www-authenticate"] == "Bearer"
+        assert r.json() == {"error": {"message": r.json()["error"]["message"], "type": "Unauthorized", "code": 401}}
+    r = await client.post(route, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 200 and r.json() == {"path": route}
+    r = await client.get(route, headers={"authorization": f"bearer {TOKEN}"})  # scheme is case-insensitive
+    assert r.status_code == 200
+
+
+@pytest.mark.parametrize("route", OPEN)
+async def test_open_routes_unaffected(client: httpx.AsyncClient, route: str) -> None:
+    assert (await client.get(route)).status_code == 200
+    assert (await client.get(route, headers={"Authorization": "Bearer wrong"})).status_code == 200
+
+
+@pytest.mark.parametrize("route", ["/docs", "/unknown", "/", "/v2/x", "//pause", "/v1/../pause", "/health/"])
+async def test_unknown_routes_denied_by_default(client: httpx.AsyncClient, route: str) -> None:
+    r = await client.get(route)
+    assert r.status_code == 401
+
+
+async def test_missing_token_file_fails_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(auth.TOKEN_FILE_ENV, str(tmp_path / "absent"))
+    transport = httpx.ASGITransport(app=_app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://engine") as c:
+        r = await c.post("/pause", headers={"Authorization": "Bearer anything"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == 503
+        assert (await c.get("/health")).status_code == 200
+        (tmp_path / "absent").write_text(TOKEN)  # a late Secret mount recovers without a restart
+        assert (await c.post("/pause", headers={"Authorization": f"Bearer {TOKEN}"})).status_code == 200
+
+
+async def test_empty_token_file_never_matches_empty_bearer(token_file: Path) -> None:
+    token_file.write_text("\n")
+    transport = httpx.ASGITransport(app=_app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://engine") as c:
+        assert (await c.post("/pause", headers={"Authorization": "Bearer "})).status_code == 503
+
+
+async def _drive(scope: dict[str, Any], token_file: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    seen: list[str] = []
+    sent: list[dict[str, Any]] = []
+
+    async def inner(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope["type"])
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "lifespan.startup"}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    await auth.ControlAuthMiddleware(inner)(scope, receive, send)
+    return sent, seen
+
+
+async def test_lifespan_and_websockets(token_file: Path) -> None:
+    sent, seen = await _drive({"type": "lifespan"}, token_file)
+    assert seen == ["lifespan"] and sent == []
+    sent, seen = await _drive({"type": "websocket", "path": "/collective_rpc", "headers": []}, token_file)
+    assert seen == [] and sent == [{"type": "websocket.close", "code": 1008, "reason": "Unauthorized"}]
+    hdr = [(b"authorization", f"Bearer {TOKEN}".encode())]
+    sent, seen = await _drive({"type": "websocket", "path": "/collective_rpc", "headers": hdr}, token_file)
+    assert seen == ["websocket"]
+    sent, seen = await _drive({"type": "websocket", "path": "/v1/realtime", "headers": []}, token_file)
+    assert seen == ["websocket"]

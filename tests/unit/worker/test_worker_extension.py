@@ -1,0 +1,272 @@
+"""RolloutFleetExtension on fake vLLM workers: order, in-place loads, shared tensors, policies, residency."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from worker_fakes import GraphWrapper, TinyLlama, WorkerV1, WorkerV2, write_eagle, write_verifier
+
+from rolloutfleet import cli
+from rolloutfleet_worker import digest, extension, models
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> dict[str, Path]:
+    return {
+        "v1": write_verifier(tmp_path / "verifier-1", seed=1),
+        "v2": write_verifier(tmp_path / "verifier-2", seed=2),
+        "d1": write_eagle(tmp_path / "draft-1", seed=1),
+        "d2": write_eagle(tmp_path / "draft-2", seed=2),
+    }
+
+
+def ptrs(module: torch.nn.Module) -> dict[str, int]:
+    return {n: p.data_ptr() for n, p in module.named_parameters()}
+
+
+def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+def load(worker: Any, target: str, path: Path, revision: int) -> dict[str, Any]:
+    result: dict[str, Any] = worker.rolloutfleet_load(target, str(path), revision)
+    return result
+
+
+def test_verifier_then_draft_in_place(ckpt: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    w = WorkerV1()
+    before = ptrs(w.verifier) | {"d." + k: v for k, v in ptrs(w.draft).items()}  # type: ignore[arg-type]
+    res = load(w, "verifier", ckpt["v1"], 1)
+    assert res["ok"] is True, res
+    assert res["target"] == "verifier" and res["revision"] == 1 and res["path"] == str(ckpt["v1"])
+    assert res["skipped"] == [] and res["tensors"] == 19 and res["bytes"] > 0 and res["seconds"] >= 0
+    # stacked q/k/v landed in the right slices
+    qkv = w.verifier.model.layers[0].self_attn.qkv_proj.weight
+    from safetensors.torch import load_file
+
+    raw = load_file(str(ckpt["v1"] / "model-00001-of-00002.safetensors")) | load_file(
+        str(ckpt["v1"] / "model-00002-of-00002.safetensors")
+    )
+    assert torch.equal(qkv[16:32], raw["model.layers.0.self_attn.k_proj.weight"])
+    assert torch.equal(w.verifier.lm_head.weight, raw["lm_head.weight"])
+
+    shared_before = snapshot(w.verifier)
+    res = load(w, "draft", ckpt["d1"], 1)
+    assert res["ok"] is True, res
+    assert res["skipped"] == ["embed_tokens.weight", "lm_head.weight"]
+    # the draft's copies of the shared tensors did not overwrite the verifier's
+    for n, t in snapshot(w.verifier).items():
+        assert torch.equal(t, shared_before[n]), n
+    assert w.draft is not None
+    assert w.draft.model.fc.weight.abs().sum() > 0
+    after = ptrs(w.verifier) | {"d." + k: v for k, v in ptrs(w.draft).items()}
+    assert after == before  # nothing rebound: CUDA graphs keep valid pointers
+
+    # both digests equal what `rolloutfleet digest` prints for the same files
+    for target, path in (("verifier", ckpt["v1"]), ("draft", ckpt["d1"])):
+        assert cli.main(["digest", str(path)]) == 0
+        printed = capsys.readouterr().out.strip()
+        state = w.rolloutfleet_state()
+        assert state["ok"] is True
+        assert state[target]["digest"] == printed  # type: ignore[literal-required]
+    state = w.rolloutfleet_state()
+    assert state["ok"] is True
+    assert state["resident"] is True and state["rank"] == 0 and state["draft_method"] == "eagle"
+    assert state["verifier"] == {
+        "revision": 1,
+        "digest": state["verifier"]["digest"],
+        "path": str(ckpt["v1"]),
+        "verified": True,
+    }
+    assert state["draft"] is not None and state["draft"]["revision"] == 1 and state["draft"]["policy"] == "coUpdate"
+    assert state["shared_tensors"] == ["lm_head.weight", "model.embed_tokens.weight"]
+
+
+def test_draft_before_verifier_is_refused(ckpt: dict[str, Path]) -> None:
+    w = WorkerV1()
+    untouched = snapshot(w.draft)  # type: ignore[arg-type]
+    res = load(w, "draft", ckpt["d1"], 1)
+    assert res == {"ok": False, "error": {"code": "order", "message": res["error"]["message"]}}
+    assert "verifier at revision 1" in res["error"]["message"]
+    assert all(torch.equal(t, untouched[n]) for n, t in snapshot(w.draft).items())  # type: ignore[arg-type]
+    assert load(w, "verifier", ckpt["v1"], 1)["ok"]
+    assert load(w, "draft", ckpt["d2"], 2)["error"]["code"] == "order"  # verifier holds 1, not 2
+    assert load(w, "draft", ckpt["d1"], 1)["ok"]
+
+
+def test_frozen_draft_refused_and_restorable(ckpt: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROLLOUTFLEET_DRAFT_POLICY", "frozen")
+    w = WorkerV1()
+    assert load(w, "verifier", ckpt["v1"], 1)["ok"]
+    res = load(w, "draft", ckpt["d1"], 1)
+    assert res["ok"] is False and res["error"]["code"] == "frozen"
+    monkeypatch.setenv("ROLLOUTFLEET_DRAFT_PATH", str(ckpt["d1"]))
+    wrong = w.rolloutfleet_restore_draft(str(ckpt["d2"]))
+    assert wrong["ok"] is False and wrong["error"]["code"] == "invalid_path"
+    res = dict(w.rolloutfleet_restore_draft(str(ckpt["d1"])))
+    assert res["ok"] is True and res["target"] == "draft" and res["revision"] is None
+    assert res["digest"] == digest.digest_directory(ckpt["d1"])
+    state = w.rolloutfleet_state()
+    assert state["ok"] and state["draft"] is not None
+    assert state["draft"]["policy"] == "frozen" and state["draft"]["digest"] == res["digest"]
+    assert state["draft"]["revision"] is None and state["draft"]["verified"] is True
+
+
+def test_restore_refused_for_co_updated_draft(ckpt: dict[str, Path]) -> None:
+    res = WorkerV1().rolloutfleet_restore_draft(str(ckpt["d1"]))
+    assert res["ok"] is False and res["error"]["code"] == "invalid_target"
+
+
+def test_v2_speculator_and_draft_model_method(ckpt: dict[str, Path], tmp_path: Path) -> None:
+    w2 = WorkerV2()
+    assert load(w2, "verifier", ckpt["v1"], 3)["ok"]
+    res = load(w2, "draft", ckpt["d1"], 3)
+    assert res["ok"] and res["skipped"] == ["embed_tokens.weight", "lm_head.weight"]
+    assert w2.rolloutfleet_state()["draft_method"] == "eagle3"  # type: ignore[typeddict-item]
+    # an independent draft_model draft shares nothing and loads every tensor
+    w1 = WorkerV1(draft="draft_model")
+    small = write_verifier(tmp_path / "small", seed=5)
+    assert load(w1, "verifier", ckpt["v1"], 1)["ok"]
+    from safetensors.torch import load_file, save_file
+
+    one_layer = {k: v for k, v in load_file(str(small / "model-00001-of-00002.safetensors")).items() if ".1." not in k}
+    one_layer |= {k: v for k, v in load_file(str(small / "model-00002-of-00002.safetensors")).items() if ".1." not in k}
+    (tmp_path / "small1").mkdir()
+    save_file(one_layer, str(tmp_path / "small1" / "model.safetensors"))
+    res = load(w1, "draft", tmp_path / "small1", 1)
+    assert res["ok"], res
+    assert res["skipped"] == [] and w1.rolloutfleet_state()["shared_tensors"] == []  # type: ignore[typeddict-item]
+
+
+def test_no_draft_and_pipeline_rank_without_draft(ckpt: dict[str, Path]) -> None:
+    w = WorkerV1(draft="none")
+    assert load(w, "verifier", ckpt["v1"], 1)["ok"]
+    assert load(w, "draft", ckpt["d1"], 1)["error"]["code"] == "no_draft"
+    state = w.rolloutfleet_state()
+    assert state["ok"] and state["draft"] is None and state["draft_method"] is None and state["resident"]
+
+
+@pytest.mark.parametrize(
+    ("target", "path", "revision", "code"),
+    [
+        ("lm", "/abs", 1, "invalid_target"),
+        ("verifier", "relative/dir", 1, "invalid_path"),
+        ("verifier", "/tmp/../etc", 1, "invalid_path"),
+        ("verifier", "/nonexistent/rolloutfleet", 1, "invalid_path"),
+        ("verifier", "/tmp", "7", "invalid_revision"),
+        ("verifier", "/tmp", True, "invalid_revision"),
+        ("verifier", 42, 1, "invalid_path"),
+    ],
+)
+def test_bad_arguments_are_refused_not_raised(target: str, path: Any, revision: Any, code: str) -> None:
+    w = WorkerV1()
+    res = w.rolloutfleet_load(target, path, revision)
+    assert res["ok"] is False and res["error"]["code"] == code
+
+
+def test_weight_roots(ckpt: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("ROLLOUTFLEET_WEIGHT_ROOTS", str(tmp_path / "elsewhere"))
+    res = load(WorkerV1(), "verifier", ckpt["v1"], 1)
+    assert res["ok"] is False and res["error"]["code"] == "invalid_path" and "allowed" in res["error"]["message"]
+    monkeypatch.setenv("ROLLOUTFLEET_WEIGHT_ROOTS", str(tmp_path))
+    assert load(WorkerV1(), "verifier", ckpt["v1"], 1)["ok"]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "corrupt", "empty_dir"])
+def test_bad_files_fail_closed(ckpt: dict[str, Path], damage: str, tmp_path: Path) -> None:
+    w = WorkerV1()
+    assert load(w, "verifier", ckpt["v1"], 1)["ok"]
+    bad = ckpt["v2"] / "model-00002-of-00002.safetensors"
+    if damage == "truncate":
+        bad.write_bytes(bad.read_bytes()[:-100])
+    elif damage == "corrupt":
+        bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!" + b"\0" * 64)
+    else:
+        ckpt["v2"] = tmp_path / "empty"
+        ckpt["v2"].mkdir()
+    res = load(w, "verifier", ckpt["v2"], 2)
+    assert res["ok"] is False and res["error"]["code"] == "io"
+    assert (str(bad) if damage != "empty_dir" else str(ckpt["v2"])) in res["error"]["message"]
+    state = w.rolloutfleet_state()
+    assert state["ok"] and state["verifier"] == {"revision": None, "digest": None, "path": None, "verified": False}
+    assert load(w, "draft", ckpt["d1"], 1)["error"]["code"] == "order"  # unknown verifier blocks the draft
+
+
+def test_load_weights_failure_is_reported(ckpt: dict[str, Path], tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    (tmp_path / "odd").mkdir()
+    save_file({"model.not_a_param.weight": torch.zeros(2)}, str(tmp_path / "odd" / "m.safetensors"))
+    w = WorkerV1()
+    res = load(w, "verifier", tmp_path / "odd", 5)
+    assert res["ok"] is False and res["error"]["code"] == "load_failed"
+    assert "not_a_param" in res["error"]["message"]
+    assert w.rolloutfleet_state()["verifier"]["verified"] is False  # type: ignore[typeddict-item]
+
+
+def test_level2_sleep_is_noticed(ckpt: dict[str, Path]) -> None:
+    w = WorkerV1()
+    assert load(w, "verifier", ckpt["v1"], 1)["ok"]
+    assert load(w, "draft", ckpt["d1"], 1)["ok"]
+    assert w.rolloutfleet_state()["resident"] is True  # type: ignore[typeddict-item]
+    with torch.no_grad():  # what sleep(level=2) + wake_up(tags=weights) leaves behind
+        for p in list(w.verifier.parameters()) + list(w.draft.parameters()):  # type: ignore[union-attr]
+            p.zero_()
+    state = w.rolloutfleet_state()
+    assert state["ok"] and state["resident"] is False
+    assert state["verifier"]["revision"] is None and state["verifier"]["digest"] is None
+    assert state["draft"] is not None and state["draft"]["revision"] is None
+    assert w.rolloutfleet_state()["resident"] is False  # type: ignore[typeddict-item]  # sticky
+    assert load(w, "verifier", ckpt["v2"], 2)["ok"]
+    state = w.rolloutfleet_state()
+    assert state["ok"] and state["resident"] is False and state["verifier"]["revision"] == 2  # draft still lost
+    assert load(w, "draft", ckpt["d2"], 2)["ok"]
+    state = w.rolloutfleet_state()
+    assert state["ok"] and state["resident"] is True and state["draft"] is not None and state["draft"]["revision"] == 2
+
+
+def test_sleep_before_first_load_is_noticed() -> None:
+    w = WorkerV1()
+    with torch.no_grad():
+        for p in w.verifier.parameters():
+            p.normal_()
+    assert w.rolloutfleet_state()["resident"] is True  # type: ignore[typeddict-item]  # baseline taken
+    with torch.no_grad():
+        for p in w.verifier.parameters():
+            p.zero_()
+    assert w.rolloutfleet_state()["resident"] is False  # type: ignore[typeddict-item]
+
+
+def test_unwrap_is_bounded_and_skips_forwarders() -> None:
+    model = TinyLlama()
+    assert models.unwrap(model) is model  # a real model has .model too: not peeled
+    assert models.unwrap(GraphWrapper(GraphWrapper(model))) is model
+
+    class Loop:
+        def __init__(self) -> None:
+            self.runnable = self
+
+    class Chain:
+        def __init__(self, depth: int) -> None:
+            self.module = Chain(depth - 1) if depth else None
+
+    assert models.unwrap(Loop()) is None
+    assert models.unwrap(Chain(50)) is None
+    assert models.unwrap(None) is None
+
+
+def test_state_never_raises() -> None:
+    class Broken(extension.RolloutFleetExtension):
+        @property
+        def model_runner(self) -> Any:
+            raise RuntimeError("boom")
+
+    res = Broken().rolloutfleet_state()
+    assert res["ok"] is True or res["error"]["code"] == "internal"
+    res2 = Broken().rolloutfleet_load("verifier", "/tmp", 1)
+    assert res2["ok"] is False

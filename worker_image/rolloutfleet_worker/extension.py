@@ -1,0 +1,320 @@
+"""``RolloutFleetExtension``: the RPCs the operator calls on every vLLM worker.
+
+vLLM appends this class to its Worker's bases (``--worker-extension-cls
+rolloutfleet_worker.extension.RolloutFleetExtension``); the operator reaches the methods through
+``POST /collective_rpc`` and gets one result per worker. This module owns the per-worker record of what
+was loaded (``self._rolloutfleet_state``), the order and policy rules (verifier before draft, frozen
+drafts never overwritten, shared tensors never written by the draft) and the wire payloads. Loading is
+``rolloutfleet_worker.loader``; finding the modules is ``rolloutfleet_worker.models``.
+
+Rules vLLM imposes: only ADD attributes (a clash with a Worker attribute is an assertion error), so every
+public name starts with ``rolloutfleet_`` and helpers are module functions; import torch/vLLM lazily so
+this module imports without them; never raise across the RPC boundary (an exception becomes an opaque
+HTTP 500), so every method returns ``{"ok": False, "error": {...}}`` instead.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypedDict
+
+from rolloutfleet_worker import digest
+
+ErrorCode = Literal[
+    "invalid_target",
+    "invalid_path",
+    "invalid_revision",
+    "io",
+    "order",
+    "frozen",
+    "no_draft",
+    "load_failed",
+    "internal",
+]
+Target = Literal["verifier", "draft"]
+DraftPolicy = Literal["coUpdate", "frozen"]
+
+POLICY_ENV = "ROLLOUTFLEET_DRAFT_POLICY"
+DRAFT_PATH_ENV = "ROLLOUTFLEET_DRAFT_PATH"
+ROOTS_ENV = "ROLLOUTFLEET_WEIGHT_ROOTS"
+THREADS_ENV = "ROLLOUTFLEET_HASH_THREADS"
+
+
+class ErrorBody(TypedDict):
+    code: ErrorCode
+    message: str
+
+
+class Failure(TypedDict):
+    ok: Literal[False]
+    error: ErrorBody
+
+
+class LoadResult(TypedDict):
+    ok: Literal[True]
+    target: Target
+    revision: int | None
+    path: str
+    digest: str
+    bytes: int
+    seconds: float
+    tensors: int
+    skipped: list[str]
+
+
+class VerifierState(TypedDict):
+    revision: int | None
+    digest: str | None
+    path: str | None
+    verified: bool
+
+
+class DraftState(VerifierState):
+    policy: DraftPolicy
+
+
+class StateResult(TypedDict):
+    ok: Literal[True]
+    resident: bool
+    verifier: VerifierState
+    draft: DraftState | None
+    draft_method: str | None
+    shared_tensors: list[str]
+    rank: int
+
+
+@dataclass
+class _Slot:
+    """What this worker knows about one target's weights."""
+
+    revision: int | None = None
+    digest: str | None = None
+    path: str | None = None
+    verified: bool = False
+    fingerprint: list[float] | None = None  # None: nothing recorded, residency unknown
+    lost: bool = False  # sticky: contents changed under us (level-2 sleep) until the next good load
+
+    def unknown(self) -> None:
+        """Fail closed: contents unknown until a load succeeds."""
+        self.revision, self.digest, self.path, self.verified = None, None, None, False
+        self.fingerprint = None
+
+    def report(self, mapped: bool) -> VerifierState:
+        if not mapped or self.lost:
+            return VerifierState(revision=None, digest=None, path=None, verified=False)
+        return VerifierState(revision=self.revision, digest=self.digest, path=self.path, verified=self.verified)
+
+
+@dataclass
+class _State:
+    verifier: _Slot = field(default_factory=_Slot)
+    draft: _Slot = field(default_factory=_Slot)
+    baseline_taken: bool = False
+
+
+def _fail(code: ErrorCode, message: str) -> Failure:
+    return Failure(ok=False, error=ErrorBody(code=code, message=message))
+
+
+def draft_policy() -> DraftPolicy:
+    """The draft policy from the environment; an unknown value counts as frozen (never overwrite)."""
+    value = os.environ.get(POLICY_ENV, "coUpdate")
+    return "coUpdate" if value == "coUpdate" else "frozen"
+
+
+def _hash_threads() -> int | None:
+    raw = os.environ.get(THREADS_ENV, "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
+def check_path(path: object) -> str | None:
+    """Why ``path`` may not be loaded, or None when it may."""
+    if not isinstance(path, str) or not path:
+        return "path must be a non-empty string"
+    if not Path(path).is_absolute():
+        return f"path must be absolute: {path!r}"
+    if ".." in path.split("/"):
+        return f"path must not contain '..': {path!r}"
+    roots = [r for r in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if r]
+    if roots:
+        real = os.path.realpath(path)
+        if not any(real == os.path.realpath(r) or real.startswith(os.path.realpath(r) + "/") for r in roots):
+            return f"path {path!r} is outside the allowed weight roots {roots}"
+    if not Path(path).is_dir():
+        return f"no such directory: {path!r}"
+    return None
+
+
+def _state(worker: Any) -> _State:
+    state = getattr(worker, "_rolloutfleet_state", None)
+    if not isinstance(state, _State):
+        state = _State()
+        worker._rolloutfleet_state = state
+    return state
+
+
+def _shared(worker: Any) -> tuple[Any | None, Any | None, list[str]]:
+    from rolloutfleet_worker import models
+
+    verifier = models.verifier_model(worker)
+    draft = models.draft_model(worker)
+    shared = models.shared_parameters(draft, verifier) if draft is not None else []
+    return verifier, draft, shared
+
+
+def _observe(slot: _Slot, model: Any | None, exclude: list[str]) -> bool:
+    """Compare ``slot``'s recorded fingerprint with the model now; mark it lost on a mismatch.
+
+    Returns whether the weights are mapped (False while the engine sleeps: then nothing is read).
+    """
+    from rolloutfleet_worker import models
+
+    if model is None:
+        return True
+    if not models.weights_mapped(model):
+        return False
+    if slot.fingerprint is not None and not slot.lost and models.fingerprint(model, exclude) != slot.fingerprint:
+        slot.lost = True
+        slot.verified = False
+    return True
+
+
+def _take_baseline(state: _State, verifier: Any | None, draft: Any | None, shared: list[str]) -> None:
+    """Fingerprint the weights vLLM loaded at start-up, so a sleep before our first load is noticed."""
+    from rolloutfleet_worker import models
+
+    if state.baseline_taken:
+        return
+    for slot, model, exclude in ((state.verifier, verifier, []), (state.draft, draft, shared)):
+        if model is not None and slot.fingerprint is None and models.weights_mapped(model):
+            slot.fingerprint = models.fingerprint(model, exclude)
+    state.baseline_taken = True
+
+
+def _load(worker: Any, target: object, path: object, revision: int | None, restore: bool) -> LoadResult | Failure:
+    from rolloutfleet_worker import loader, models
+
+    if target not in ("verifier", "draft"):
+        return _fail("invalid_target", f"target must be 'verifier' or 'draft', got {target!r}")
+    if revision is not None and (not isinstance(revision, int) or isinstance(revision, bool) or revision < 0):
+        return _fail("invalid_revision", f"revision must be a non-negative integer, got {revision!r}")
+    problem = check_path(path)
+    if problem is not None:
+        return _fail("invalid_path", problem)
+    assert isinstance(path, str)
+    state = _state(worker)
+    verifier, draft, shared = _shared(worker)
+    _take_baseline(state, verifier, draft, shared)
+    if target == "verifier":
+        model, slot, exclude = verifier, state.verifier, []
+        if model is None:
+            return _fail("load_failed", "the worker has no verifier model")
+    else:
+        model, slot, exclude = draft, state.draft, shared
+        if model is None:
+            return _fail("no_draft", "this engine (or this pipeline rank) has no draft model")
+        policy = draft_policy()
+        if restore and policy != "frozen":
+            return _fail("invalid_target", "restore_draft is only for a frozen draft; use rolloutfleet_load")
+        if not restore and policy == "frozen":
+            return _fail("frozen", "the draft policy is frozen: its weights are never overwritten")
+        if not restore:
+            _observe(state.verifier, verifier, [])
+            v = state.verifier
+            if v.lost or not v.verified or v.revision != revision:
+                held = None if v.lost or not v.verified else v.revision
+                return _fail("order", f"load the verifier at revision {revision} first (it holds {held})")
+    if not models.weights_mapped(model):
+        return _fail("order", f"the {target} weights are not mapped (asleep): wake_up(tags=weights) first")
+    slot.unknown()  # fail closed from here on: a crash mid-load must not leave an old claim behind
+    slot.lost = False
+    skip = (lambda name: models.matches_shared(name, shared)) if target == "draft" and shared else None
+    try:
+        outcome = loader.stream_into(
+            model,
+            path,
+            skip=skip or (lambda _name: False),
+            pin=models.on_cuda(model),
+            threads=_hash_threads(),
+        )
+    except digest.CheckpointError as exc:
+        return _fail("io", str(exc))
+    except loader.LoadWeightsError as exc:
+        return _fail("load_failed", str(exc))
+    except Exception as exc:
+        return _fail("load_failed", f"{type(exc).__name__}: {exc}")
+    slot.revision, slot.digest, slot.path, slot.verified = revision, outcome.digest, path, True
+    slot.fingerprint = models.fingerprint(model, exclude)
+    return LoadResult(
+        ok=True,
+        target="draft" if target == "draft" else "verifier",
+        revision=revision,
+        path=path,
+        digest=outcome.digest,
+        bytes=outcome.bytes,
+        seconds=outcome.seconds,
+        tensors=outcome.tensors,
+        skipped=outcome.skipped,
+    )
+
+
+def _report(worker: Any) -> StateResult:
+    from rolloutfleet_worker import models
+
+    state = _state(worker)
+    verifier, draft, shared = _shared(worker)
+    _take_baseline(state, verifier, draft, shared)
+    v_mapped = _observe(state.verifier, verifier, [])
+    d_mapped = _observe(state.draft, draft, shared)
+    resident = v_mapped and d_mapped and not state.verifier.lost and (draft is None or not state.draft.lost)
+    draft_report: DraftState | None = None
+    if draft is not None:
+        d = state.draft.report(d_mapped)
+        draft_report = DraftState(
+            revision=d["revision"],
+            digest=d["digest"],
+            path=d["path"],
+            verified=d["verified"],
+            policy=draft_policy(),
+        )
+    return StateResult(
+        ok=True,
+        resident=resident,
+        verifier=state.verifier.report(v_mapped),
+        draft=draft_report,
+        draft_method=models.draft_method(worker),
+        shared_tensors=shared,
+        rank=models.rank(),
+    )
+
+
+class RolloutFleetExtension:
+    """Mixin for vLLM's Worker. Every method returns a dict and never raises."""
+
+    def rolloutfleet_load(self, target: str, path: str, revision: int) -> LoadResult | Failure:
+        """Load ``target`` ("verifier" | "draft") in place from checkpoint directory ``path``."""
+        try:
+            if revision is None:
+                return _fail("invalid_revision", "revision is required")
+            return _load(self, target, path, revision, restore=False)
+        except Exception as exc:  # the RPC boundary: report, never raise
+            return _fail("load_failed", f"{type(exc).__name__}: {exc}")
+
+    def rolloutfleet_restore_draft(self, path: str) -> LoadResult | Failure:
+        """Reload a frozen draft from ``path`` (after a level-2 sleep); revision stays None."""
+        try:
+            pinned = os.environ.get(DRAFT_PATH_ENV)
+            if pinned and isinstance(path, str) and os.path.normpath(path) != os.path.normpath(pinned):
+                return _fail("invalid_path", f"the frozen draft comes from {pinned!r}, not {path!r}")
+            return _load(self, "draft", path, None, restore=True)
+        except Exception as exc:
+            return _fail("load_failed", f"{type(exc).__name__}: {exc}")
+
+    def rolloutfleet_state(self) -> StateResult | Failure:
+        """What this worker holds: revisions, digests, residency, draft method, shared tensors, rank."""
+        try:
+            return _report(self)
+        except Exception as exc:
+            return _fail("internal", f"{type(exc).__name__}: {exc}")

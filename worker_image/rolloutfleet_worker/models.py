@@ -1,0 +1,228 @@
+"""Find the verifier and draft modules inside a vLLM worker, and what they share.
+
+Called by ``rolloutfleet_worker.extension``. Owns every lookup into vLLM's private object graph, each
+with a fallback, because the image runs vLLM 0.33 and the lent GPU 0.26 and the names moved between
+them: ``get_model()`` / ``get_draft_model()`` on the worker or its model runner, ``drafter.model`` (V1
+runner), ``speculator.model`` (V2 runner), and CUDA-graph wrappers around any of them. Also owns the
+cheap on-device fingerprint that tells whether the loaded weights are still resident (a level-2 sleep
+discards them and a wake without reload brings back zeros). torch is imported inside functions so that
+importing the extension never needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+MAX_UNWRAP = 8  # wrappers nest at most a couple deep; the bound stops a self-referencing wrapper
+FINGERPRINT_PARAMS = 8
+FINGERPRINT_SAMPLES = 1024
+
+
+def unwrap(obj: Any) -> Any | None:
+    """Peel CUDA-graph/compile wrappers until an object whose class defines ``load_weights``.
+
+    The check is on the class, not the instance, because vLLM's ``CUDAGraphWrapper`` forwards unknown
+    attributes to its runnable via ``__getattr__`` and would otherwise look like a model. A real model
+    also has a ``.model`` attribute (its inner transformer), which is why ``.model``/``.module`` are only
+    followed while the class has no ``load_weights``. Returns None when no model is found.
+    """
+    for _ in range(MAX_UNWRAP):
+        if obj is None:
+            return None
+        if callable(getattr(type(obj), "load_weights", None)):
+            return obj
+        nxt = None
+        unwrap_fn = getattr(type(obj), "unwrap", None)
+        if callable(unwrap_fn):
+            nxt = unwrap_fn(obj)
+        for attr in ("runnable", "model", "module"):
+            if nxt is not None:
+                break
+            nxt = _own_attr(obj, attr)
+        if nxt is None or nxt is obj:
+            return None
+        obj = nxt
+    return None
+
+
+def _own_attr(obj: Any, name: str) -> Any | None:
+    """An attribute really held by ``obj`` (instance dict or nn.Module child), not forwarded."""
+    found = getattr(obj, "__dict__", {}).get(name)
+    if found is None:
+        found = getattr(obj, "__dict__", {}).get("_modules", {}).get(name)
+    return found
+
+
+def _call(obj: Any, name: str) -> Any | None:
+    fn = getattr(obj, name, None)
+    if not callable(fn):
+        return None
+    try:
+        return fn()
+    except Exception:  # an accessor that refuses (no model yet, unsupported method) means "none here"
+        return None
+
+
+def verifier_model(worker: Any) -> Any | None:
+    """The target model: ``worker.get_model()``, else ``worker.model_runner.get_model()``."""
+    for owner in (worker, getattr(worker, "model_runner", None)):
+        model = unwrap(_call(owner, "get_model")) if owner is not None else None
+        if model is not None:
+            return model
+    return None
+
+
+def draft_model(worker: Any) -> Any | None:
+    """The draft model, or None when the engine has none (or this pipeline rank does not hold it).
+
+    Order: ``get_draft_model()`` on the worker, then on the runner (both return None in vLLM V2 for
+    EAGLE-style speculators), then ``model_runner.drafter.model`` (V1) and ``model_runner.speculator.model``
+    (V2).
+    """
+    runner = getattr(worker, "model_runner", None)
+    for owner in (worker, runner):
+        model = unwrap(_call(owner, "get_draft_model")) if owner is not None else None
+        if model is not None:
+            return model
+    for attr in ("drafter", "speculator"):
+        holder = getattr(runner, attr, None) if runner is not None else None
+        model = unwrap(getattr(holder, "model", None)) if holder is not None else None
+        if model is not None:
+            return model
+    return None
+
+
+def draft_method(worker: Any) -> str | None:
+    """``speculative_config.method`` from the worker or its vllm_config, else None."""
+    for owner in (worker, getattr(worker, "vllm_config", None), getattr(worker, "model_runner", None)):
+        spec = getattr(owner, "speculative_config", None) if owner is not None else None
+        method = getattr(spec, "method", None) if spec is not None else None
+        if isinstance(method, str):
+            return method
+    return None
+
+
+def _storage_ptr(t: Any) -> int:
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except Exception:  # tensor subclasses without storage (meta, quantised wrappers) share nothing
+        return 0
+
+
+def shared_parameters(draft: Any, verifier: Any | None) -> list[str]:
+    """Draft parameter names whose storage is also a verifier parameter's storage (shared by reference)."""
+    if verifier is None:
+        return []
+    ptrs = {_storage_ptr(p) for p in verifier.parameters()}
+    ptrs.discard(0)
+    return sorted(n for n, p in draft.named_parameters(remove_duplicate=False) if _storage_ptr(p) in ptrs)
+
+
+def _strip_model(name: str) -> str:
+    while name.startswith("model."):
+        name = name[len("model.") :]
+    return name
+
+
+def matches_shared(tensor_name: str, shared: Iterable[str]) -> bool:
+    """Whether a checkpoint tensor would land in a shared parameter.
+
+    Checkpoint names and module names differ by wrapper prefixes (``model.``) that each model's
+    ``load_weights`` maps, so compare with those stripped, allowing one to be a dotted suffix of the
+    other (``embed_tokens.weight`` vs ``model.embed_tokens.weight``). A suffix must keep at least two
+    components so a bare ``weight`` never matches everything.
+    """
+    a = _strip_model(tensor_name)
+    for s in shared:
+        b = _strip_model(s)
+        if a == b:
+            return True
+        shorter, longer = (a, b) if len(a) < len(b) else (b, a)
+        if shorter.count(".") >= 1 and longer.endswith("." + shorter):
+            return True
+    return False
+
+
+def fingerprint(model: Any, exclude: Iterable[str] = ()) -> list[float]:
+    """A cheap on-device summary of ``model``'s weights: sums of strided samples of a few parameters.
+
+    Recorded right after a load and compared later: a level-2 sleep frees the weights and a wake without
+    reload returns zero-filled memory at the same addresses, which this catches without reading the
+    whole model. Parameters in ``exclude`` (shared with the verifier, rewritten by its loads) are left out.
+    One device sync in total.
+    """
+    import torch
+
+    skip = set(exclude)
+    params = [p for n, p in sorted(model.named_parameters()) if n not in skip and p.numel() > 0]
+    if not params:
+        return []
+    count = min(FINGERPRINT_PARAMS, len(params))
+    picked = [params[i * len(params) // count] for i in range(count)]
+    sums = []
+    with torch.no_grad():
+        for p in picked:
+            flat = p.detach().reshape(-1)
+            step = max(1, flat.numel() // FINGERPRINT_SAMPLES)
+            sample = flat[::step][:FINGERPRINT_SAMPLES]
+            sums.append(sample.double().sum())
+            sums.append(sample.double().abs().sum())
+        values: list[float] = torch.stack(sums).tolist()
+    return values
+
+
+def _pointer_mapped(cuda: Any, ptr: int) -> bool:
+    """CU_POINTER_ATTRIBUTE_MAPPED (19) for one device pointer.
+
+    Measured on the H200 (driver API via ctypes): a mapped pointer gives CUDA_SUCCESS and a one-byte
+    true; a reserved-but-unmapped address (what vLLM's CuMemAllocator leaves while asleep) gives
+    CUDA_ERROR_INVALID_VALUE. The attribute is a C bool, so only the first byte is read.
+    """
+    import ctypes
+
+    out = (ctypes.c_ubyte * 8)()
+    rc = cuda.cuPointerGetAttribute(ctypes.byref(out), ctypes.c_int(19), ctypes.c_uint64(ptr))
+    return rc == 0 and out[0] != 0
+
+
+def weights_mapped(model: Any, names: Iterable[str] | None = None) -> bool:
+    """False when parameters of ``model`` sit on unmapped device memory (the engine sleeps).
+
+    Reading an unmapped address would kill the worker with an illegal-address fault, so the fingerprint
+    is taken only after this says True. CPU models, or no driver library, count as mapped.
+    """
+    import ctypes
+
+    wanted = None if names is None else set(names)
+    ptrs = [
+        int(p.data_ptr())
+        for n, p in model.named_parameters()
+        if (wanted is None or n in wanted) and p.is_cuda and p.numel() > 0
+    ]
+    if not ptrs:
+        return True
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return True
+    return all(_pointer_mapped(cuda, ptr) for ptr in ptrs)
+
+
+def on_cuda(model: Any) -> bool:
+    """True when the model's first parameter lives on a CUDA device (pinned staging pays off then)."""
+    for p in model.parameters():
+        return bool(p.is_cuda)
+    return False
+
+
+def rank() -> int:
+    """This worker's global rank: torch.distributed when initialised, else 0."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:  # a half-initialised process group must not break a state report
+        return 0
+    return 0
