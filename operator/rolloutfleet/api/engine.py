@@ -1,0 +1,115 @@
+"""The engine-state vocabulary: what one vLLM engine looks like to the planner, as plain frozen data.
+
+``rolloutfleet.adapters.engine.EngineClient.observe()`` builds an :class:`EngineState` from four reads
+(``/is_paused``, ``/is_sleeping``, ``/weight_info`` and our extension's ``rolloutfleet_state`` RPC); the
+pure planner (``rolloutfleet.planning``) consumes it to derive each pod's next step. ``LoadResult`` is
+what a ``rolloutfleet_load``/``rolloutfleet_restore_draft`` RPC reported. This module does no I/O and
+imports nothing of the operator (import-linter keeps it that way).
+
+How the sleep state is derived (vLLM exposes no sleep *level* over HTTP):
+
+- ``/is_sleeping`` is true while the engine is asleep at any level **and also while it is merely paused**
+  (vLLM pauses the scheduler to sleep and reports the paused scheduler as sleeping). So ``sleeping``
+  mirrors ``/is_sleeping`` verbatim and must never be read as "asleep" on its own.
+- The extension reports ``resident=False`` and no revision/digest while weights are unmapped (asleep at
+  level 1 or 2) *and* after a level-2 sleep until both models are reloaded, so ``resident`` does not
+  tell the level either.
+- Hence :func:`derive_sleep_level` gives ``0`` when ``/is_sleeping`` is false and ``None`` (unknown:
+  paused, or asleep at 1 or 2) otherwise. The planner acts on what it knows (revisions, digests,
+  ``resident``): ``wake_up(tags=weights)`` is harmless on awake weights, and a load into unmapped weights
+  fails with the extension's ``order`` code without touching anything, so "maybe asleep" resolves by
+  waking before loading.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class Target(enum.StrEnum):
+    """Which model of an engine a load addresses."""
+
+    VERIFIER = "verifier"
+    DRAFT = "draft"
+
+
+class DraftPolicy(enum.StrEnum):
+    """How a draft follows revisions: ``coUpdate`` with every revision, or ``frozen`` across them."""
+
+    CO_UPDATE = "coUpdate"
+    FROZEN = "frozen"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TargetState:
+    """What one model (verifier or draft) holds, per the extension.
+
+    ``revision``/``digest`` are ``None`` when unknown: never loaded through the extension (the weights
+    ``vllm serve`` started with), asleep, discarded by a level-2 sleep, or left by a failed load (the
+    extension fails closed). ``verified``: the digest was computed over exactly what was loaded.
+    ``policy`` is set for drafts only.
+    """
+
+    revision: int | None = None
+    digest: str | None = None
+    path: str | None = None
+    verified: bool = False
+    policy: DraftPolicy | None = None
+
+    @property
+    def known(self) -> bool:
+        """True when the content is a verified checkpoint (a digest was computed over what was loaded)."""
+        return self.digest is not None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineState:
+    """One snapshot of one engine. ``reachable=False`` means every other field is a default, not a fact."""
+
+    reachable: bool
+    paused: bool = False
+    sleeping: bool = False  # vLLM's /is_sleeping verbatim: also true while merely paused
+    sleep_level: int | None = 0  # 0 awake; None when it cannot be told (derive_sleep_level)
+    resident: bool = False  # weights mapped and not lost (False while asleep, and after sleep(2) until reloaded)
+    verifier: TargetState = dataclasses.field(default_factory=TargetState)
+    draft: TargetState | None = None  # None: the engine has no draft model
+    weight_version: str | None = None
+    draft_method: str | None = None
+    shared_tensors: tuple[str, ...] = ()
+    ranks: int = 1  # how many workers (tensor-parallel ranks) answered, all agreeing
+    error: str | None = None  # why it is unreachable, for events/status (never holds secrets)
+
+    @classmethod
+    def unreachable(cls, error: str) -> EngineState:
+        """The snapshot of an engine that did not answer."""
+        return cls(reachable=False, error=error)
+
+    @property
+    def pair(self) -> tuple[int | None, int | None]:
+        """(verifier revision, draft revision): the pair this engine would serve if resumed."""
+        return (self.verifier.revision, self.draft.revision if self.draft is not None else None)
+
+    @property
+    def serving(self) -> bool:
+        """True when the engine is reachable, not paused and not asleep: requests are being served."""
+        return self.reachable and not self.paused and not self.sleeping
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoadResult:
+    """What the extension reported for one successful load (or restore) on every rank, agreeing."""
+
+    target: Target
+    revision: int | None
+    path: str
+    digest: str
+    bytes: int
+    seconds: float
+    tensors: int
+    skipped: tuple[str, ...] = ()
+
+
+def derive_sleep_level(*, is_sleeping: bool) -> int | None:
+    """0 when vLLM says it is not sleeping; None (paused, or asleep at an unknown level) otherwise."""
+    return 0 if not is_sleeping else None

@@ -1,0 +1,140 @@
+"""Configuration of simulated engines: model/draft shape, simulated latencies, injected faults.
+
+Read by ``rolloutfleet.sim.fleet`` (embedding API), ``rolloutfleet.sim.commands`` (``--config FILE``)
+and the admin routes (faults at runtime). Everything is plain frozen data parsed from JSON-like dicts:
+
+    {"token_file": "...", "synthetic_root": "/synthetic", "defaults": {<EngineSpec>},
+     "latencies": {"steps": {"pause": 0.01}, "load_bytes_per_s": 2e9, ...},
+     "faults": [{"engine": "127.1.0.5:8000", "step": "rolloutfleet_load:draft", "kind": "http_error",
+                 "status": 500, "body": {"error": "boom"}, "count": 1}]}
+
+A fault's ``step`` is a route name (``pause``, ``wake_up``, ``reset_prefix_cache``, ``completions``...),
+an RPC name (``rolloutfleet_load``), or a refined key: ``wake_up:weights``, ``wake_up:kv_cache``,
+``sleep:2``, ``rolloutfleet_load:verifier``, ``rolloutfleet_load:draft``; ``*`` matches every step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+
+class FaultKind(enum.StrEnum):
+    HTTP_ERROR = "http_error"  # answer status/body instead of acting (or after acting: phase="after")
+    TIMEOUT = "timeout"  # never answer (the handler hangs until the client gives up)
+    CRASH = "crash"  # drop the connection and stop listening; the engine restarts with fresh state
+    SLOW = "slow"  # add ``delay`` seconds, then act normally
+    CORRUPT_LOAD = "corrupt_load"  # the load "succeeds" but reports (and holds) a wrong digest
+    SPLIT_RANKS = "split_ranks"  # rank 1 reports a different digest than rank 0 (TP disagreement)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FaultRule:
+    """One injected fault. ``count`` None = every matching call; ``skip`` lets the first N calls through."""
+
+    step: str
+    kind: FaultKind
+    status: int = 500
+    body: Any = None
+    delay: float = 0.0
+    count: int | None = 1
+    skip: int = 0
+    phase: str = "before"  # http_error only: "after" acts first, then answers the error (lost answer)
+    restart_after: float | None = None  # crash only: listen again after this many seconds
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FaultRule:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known - {"engine"}
+        if unknown:
+            raise ValueError(f"unknown fault fields: {sorted(unknown)}")
+        if data.get("phase", "before") not in ("before", "after"):
+            raise ValueError("fault phase must be 'before' or 'after'")
+        fields = {k: v for k, v in data.items() if k in known}
+        fields["kind"] = FaultKind(fields["kind"])
+        return cls(**fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["kind"] = str(self.kind)
+        return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Latencies:
+    """Simulated durations. ``steps`` maps a step key (as for faults) to fixed seconds.
+
+    Loads take ``steps['rolloutfleet_load']`` + bytes / ``load_bytes_per_s`` (0 = instant), so a 70B
+    verifier is slower than its draft, as on a GPU. ``wake_up:weights`` re-maps memory: + bytes /
+    ``wake_bytes_per_s``. ``token_s`` is the time per generated token of ``/v1/completions``.
+    """
+
+    steps: dict[str, float] = dataclasses.field(default_factory=dict)
+    load_bytes_per_s: float = 0.0
+    wake_bytes_per_s: float = 0.0
+    token_s: float = 0.0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Latencies:
+        data = dict(data or {})
+        return cls(
+            steps={str(k): float(v) for k, v in (data.pop("steps", None) or {}).items()},
+            **{k: float(v) for k, v in data.items()},
+        )
+
+    def fixed(self, keys: list[str]) -> float:
+        """The fixed latency of the most specific key configured (keys go from generic to specific)."""
+        for key in reversed(keys):
+            if key in self.steps:
+                return self.steps[key]
+        return 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """The shape of one simulated engine, i.e. what ``vllm serve`` flags would give a real one."""
+
+    verifier_path: str = "/synthetic/verifier/initial"
+    draft_path: str | None = "/synthetic/draft/initial"  # None: no speculative decoding
+    draft_method: str | None = "draft_model"
+    draft_policy: str = "coUpdate"  # or "frozen"
+    num_speculative_tokens: int = 3
+    sleep_mode: bool = True  # --enable-sleep-mode
+    tp_size: int = 1  # tensor-parallel ranks: collective_rpc answers one result per rank
+    vllm_version: str = "0.33"  # "0.26": /reset_prefix_cache answers an empty 200 (no success field)
+    served_model_name: str = "policy"
+    vocab_size: int = 2048
+    shared_tensors: tuple[str, ...] = ()  # tensors the draft shares with the verifier (EAGLE embed/lm_head)
+    reject_while_paused: bool = True  # new requests in abort/wait pause: 503 (DESIGN §4) vs held like keep
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> EngineSpec:
+        data = dict(data or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown engine fields: {sorted(unknown)}")
+        if "shared_tensors" in data:
+            data["shared_tensors"] = tuple(data["shared_tensors"])
+        if data.get("draft_policy", "coUpdate") not in ("coUpdate", "frozen"):
+            raise ValueError("draft_policy must be coUpdate or frozen")
+        return cls(**data)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WeightsConfig:
+    """Synthetic weights: paths under ``synthetic_root`` are not read (benchmarks of 1,000 engines).
+
+    Their digest is ``blake3:`` + BLAKE3 of the path (deterministic, so every engine loading the same path
+    agrees), their size ``verifier_bytes`` / ``draft_bytes`` (selected by the load target).
+    """
+
+    synthetic_root: str | None = "/synthetic"
+    verifier_bytes: int = 16 * 2**30
+    draft_bytes: int = 1 * 2**30
+    tensors: int = 291
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> WeightsConfig:
+        return cls(**dict(data or {}))

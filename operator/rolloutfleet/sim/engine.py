@@ -1,0 +1,415 @@
+"""The simulated engine's state machine: pause/sleep/wake, weights, weight version, completions, metrics.
+
+Called by ``rolloutfleet.sim.server`` (one HTTP app per simulated engine) — this module knows no HTTP.
+It mirrors what DESIGN.md §4 and shared/gpu/README.md record about real vLLM with our extension:
+
+- ``pause(keep)`` freezes in-flight requests (they finish after ``resume``); ``abort`` ends them at once;
+  ``wait`` drains them first. While paused in ``abort``/``wait`` new requests are refused (503, as DESIGN
+  §4 states; ``EngineSpec.reject_while_paused=False`` holds them instead, like the ``keep`` mode).
+- ``sleep(level)`` pauses the scheduler (abort unless ``mode`` says otherwise) and releases memory: level
+  1 offloads weights (kept), level 2 discards verifier *and* draft (revision/digest become None, resident
+  False). ``wake_up(weights)`` maps weight memory back (zeros after level 2), ``wake_up(kv_cache)`` the KV
+  cache; once both are awake the scheduler resumes by itself — unless it was paused before the sleep.
+- ``/is_sleeping`` is true while asleep *or* paused; ``/health`` ignores both.
+- Loads: validation codes as the extension; the draft only after the verifier holds the same revision;
+  a frozen draft is never loaded, only restored; a load into sleeping weights fails with ``load_failed``
+  (our choice: real vLLM would write into unmapped memory and die — the extension must refuse first).
+- Completions: token ids are a deterministic function of the verifier digest, token 0 forever when the
+  weights are not resident (as measured after wake without reload); spec-decode acceptance is ~0.99 when
+  the draft holds the verifier's revision, 0 when it does not, and 1.0 when nothing is resident.
+
+Every state change goes to the engine's call log with a monotonic timestamp (``EngineLog``), including
+which (verifier revision, draft revision, resident) pair generated every served token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import time
+from typing import Any
+
+import blake3
+
+from rolloutfleet.sim import weights
+from rolloutfleet.sim.config import EngineSpec, Latencies, WeightsConfig
+
+
+class EngineLog:
+    """The ordered call log of one simulated engine (kept across crashes/restarts)."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict[str, Any]] = []
+        self._seq = itertools.count()
+
+    def add(self, step: str, **fields: Any) -> dict[str, Any]:
+        entry = {"seq": next(self._seq), "t": time.monotonic(), "step": step, **fields}
+        self.entries.append(entry)
+        return entry
+
+    def since(self, seq: int = 0) -> list[dict[str, Any]]:
+        return [e for e in self.entries if e["seq"] >= seq]
+
+
+class RejectedError(Exception):
+    """A request vLLM refuses (503 while paused/aborting)."""
+
+
+class InternalError(Exception):
+    """What FastAPI would turn into a plain ``500 Internal Server Error``."""
+
+
+@dataclasses.dataclass
+class _Request:
+    rid: int
+    holds_blocks: bool = True
+    aborted: bool = False
+    done: bool = False
+
+
+class EngineCore:
+    """The state of one simulated engine; a crash replaces it with a fresh one (a restarted container)."""
+
+    def __init__(self, spec: EngineSpec, cfg: WeightsConfig, latencies: Latencies, log: EngineLog) -> None:
+        self.spec, self.cfg, self.lat, self.log = spec, cfg, latencies, log
+        self.paused = False
+        self.pause_mode: str | None = None
+        self.paused_by_sleep = False
+        self.draining = False
+        self.weights_awake = True
+        self.kv_awake = True
+        self.sleep_level = 0
+        self.weight_version: str | None = None
+        # What ``vllm serve`` loaded at start-up: real content, but the extension claims nothing about it.
+        self.verifier = weights.Slot(content=("initial", spec.verifier_path, None))
+        self.draft = None if spec.draft_path is None else weights.Slot(content=("initial", spec.draft_path, None))
+        self.counters = dict.fromkeys(
+            ("draft_tokens", "accepted", "drafts", "generation_tokens", "prompt_tokens", "success"), 0
+        )
+        self._changed = asyncio.Condition()
+        self._rpc_lock = asyncio.Lock()
+        self._active: dict[int, _Request] = {}
+        self._rid = itertools.count()
+
+    # --- read-only views ---------------------------------------------------------------------------
+
+    @property
+    def resident(self) -> bool:
+        """As the extension reports it: weights mapped and not lost (contents may still be unclaimed)."""
+        draft_lost = self.draft is not None and self.draft.lost
+        return self.weights_awake and not self.verifier.lost and not draft_lost
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self.paused or self.sleep_level > 0 or not (self.weights_awake and self.kv_awake)
+
+    @property
+    def runnable(self) -> bool:
+        return not self.paused and self.weights_awake and self.kv_awake
+
+    def pair(self) -> dict[str, Any]:
+        """What memory really holds now (not what is claimed): the pair a served token comes from."""
+        return {
+            "verifier": self.verifier.content_revision,
+            "draft": None if self.draft is None else self.draft.content_revision,
+            "resident": self.verifier.content is not None,
+            "verifier_content": None if self.verifier.content is None else self.verifier.content[0],
+            "draft_content": None if self.draft is None or self.draft.content is None else self.draft.content[0],
+            "mixed": self.mixed,
+        }
+
+    @property
+    def mixed(self) -> bool:
+        """A co-updated draft that does not hold the verifier's checkpoint generation."""
+        if self.draft is None or self.spec.draft_policy == "frozen" or self.verifier.content is None:
+            return False
+        return not weights.same_checkpoint_generation(self.verifier, self.draft)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "paused": self.paused,
+            "pause_mode": self.pause_mode,
+            "sleep_level": self.sleep_level,
+            "weights_awake": self.weights_awake,
+            "kv_awake": self.kv_awake,
+            "weight_version": self.weight_version,
+            "active_requests": len(self._active),
+            "resident_reported": self.resident,
+            "claimed_verifier": self.verifier.report(True),
+            "claimed_draft": None if self.draft is None else self.draft.report(True),
+            **self.pair(),
+        }
+
+    def state_results(self) -> list[dict[str, Any]]:
+        mapped = self.weights_awake
+        draft = None
+        if self.draft is not None:
+            draft = {**self.draft.report(mapped), "policy": self.spec.draft_policy}
+        base = {
+            "ok": True,
+            "resident": self.resident,
+            "verifier": self.verifier.report(mapped),
+            "draft": draft,
+            "draft_method": self.spec.draft_method if self.draft is not None else None,
+            "shared_tensors": list(self.spec.shared_tensors),
+        }
+        return [{**base, "rank": r} for r in range(self.spec.tp_size)]
+
+    # --- scheduler ---------------------------------------------------------------------------------
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def pause(self, mode: str, clear_cache: bool) -> None:
+        if mode not in ("keep", "wait", "abort"):
+            raise ValueError(f"invalid pause mode {mode!r}")
+        if mode == "wait":
+            self.draining = True
+            async with self._changed:
+                await self._changed.wait_for(lambda: not self._active)
+            self.draining = False
+        if mode == "abort":
+            self._abort_all()
+        self.paused, self.pause_mode, self.paused_by_sleep = True, mode, False
+        await self._notify()
+
+    async def resume(self) -> None:
+        self.paused, self.pause_mode, self.paused_by_sleep = False, None, False
+        await self._notify()
+
+    def _abort_all(self) -> None:
+        for req in self._active.values():
+            req.aborted = True
+
+    async def sleep(self, level: int, mode: str) -> None:
+        if not self.spec.sleep_mode:
+            raise InternalError("sleep mode is not enabled (--enable-sleep-mode)")
+        if level not in (0, 1, 2):
+            raise InternalError(f"invalid sleep level {level}")
+        if not self.paused:
+            self.paused, self.pause_mode, self.paused_by_sleep = True, mode, True
+        if mode == "abort":
+            self._abort_all()
+        if level >= 1:
+            self.kv_awake = False
+            for req in self._active.values():
+                req.holds_blocks = False  # the KV cache is gone: held requests will recompute
+            self.weights_awake = False
+        if level == 2:
+            self.verifier.discard()
+            if self.draft is not None:
+                self.draft.discard()
+        self.sleep_level = max(self.sleep_level, level)
+        await self._notify()
+
+    async def wake_up(self, tags: list[str] | None) -> None:
+        if not self.spec.sleep_mode:
+            raise InternalError("sleep mode is not enabled (--enable-sleep-mode)")
+        wanted = tags or ["weights", "kv_cache"]
+        for tag in wanted:
+            if tag not in ("weights", "kv_cache"):
+                raise InternalError(f"unknown wake_up tag {tag!r}")
+        if "weights" in wanted and not self.weights_awake:
+            size = self.cfg.verifier_bytes + (self.cfg.draft_bytes if self.draft is not None else 0)
+            if self.lat.wake_bytes_per_s > 0:
+                await asyncio.sleep(size / self.lat.wake_bytes_per_s)
+            self.weights_awake = True
+        if "kv_cache" in wanted:
+            self.kv_awake = True
+        if self.weights_awake and self.kv_awake:
+            self.sleep_level = 0
+            if self.paused_by_sleep:  # vLLM resumes the scheduler it paused for the sleep, nothing else
+                self.paused, self.pause_mode, self.paused_by_sleep = False, None, False
+        await self._notify()
+
+    def reset_prefix_cache(self, reset_running: bool) -> bool:
+        held = [r for r in self._active.values() if r.holds_blocks]
+        if held and not reset_running:
+            return False
+        for r in held:
+            r.holds_blocks = False
+        return True
+
+    # --- extension RPCs ----------------------------------------------------------------------------
+
+    async def rpc(self, method: str, kwargs: dict[str, Any], *, corrupt: bool, split: bool) -> list[dict[str, Any]]:
+        async with self._rpc_lock:  # vLLM's engine core runs one utility call at a time
+            if method == "rolloutfleet_state":
+                results = self.state_results()
+            elif method == "rolloutfleet_load":
+                results = await self._load(kwargs, corrupt=corrupt)
+            elif method == "rolloutfleet_restore_draft":
+                results = await self._load({**kwargs, "target": "draft", "restore": True}, corrupt=corrupt)
+            else:
+                raise InternalError(f"AttributeError: 'Worker' object has no attribute {method!r}")
+        if split and len(results) > 1 and results[1].get("ok"):
+            other = weights.synthetic_digest("split-rank")
+            if "verifier" in results[1]:
+                results[1] = {**results[1], "verifier": {**results[1]["verifier"], "digest": other}}
+            else:
+                results[1] = {**results[1], "digest": other}
+        return results
+
+    async def _load(self, kw: dict[str, Any], *, corrupt: bool) -> list[dict[str, Any]]:
+        try:
+            result = await self._load_checked(kw, corrupt=corrupt)
+        except weights.LoadError as exc:
+            return [{"ok": False, "error": {"code": exc.code, "message": exc.message}}] * self.spec.tp_size
+        return [{**result, "rank": r} for r in range(self.spec.tp_size)]
+
+    async def _load_checked(self, kw: dict[str, Any], *, corrupt: bool) -> dict[str, Any]:
+        # Checks in the order of rolloutfleet_worker.extension._load, with the same codes.
+        target, path = kw.get("target"), kw.get("path")
+        restore = bool(kw.get("restore"))
+        revision = None if restore else kw.get("revision")
+        if target not in ("verifier", "draft"):
+            raise weights.LoadError("invalid_target", f"target must be 'verifier' or 'draft', got {target!r}")
+        if not restore and (not isinstance(revision, int) or isinstance(revision, bool) or revision < 0):
+            raise weights.LoadError("invalid_revision", f"revision must be a non-negative integer, got {revision!r}")
+        if not isinstance(path, str) or not path:
+            raise weights.LoadError("invalid_path", "path must be a non-empty string")
+        if restore and self.spec.draft_path and path != self.spec.draft_path:
+            raise weights.LoadError("invalid_path", f"the frozen draft comes from {self.spec.draft_path!r}")
+        slot = self.verifier if target == "verifier" else self.draft
+        if slot is None:
+            raise weights.LoadError("no_draft", "this engine (or this pipeline rank) has no draft model")
+        if target == "draft":
+            frozen = self.spec.draft_policy == "frozen"
+            if restore and not frozen:
+                raise weights.LoadError("invalid_target", "restore_draft is only for a frozen draft")
+            if not restore and frozen:
+                raise weights.LoadError("frozen", "the draft policy is frozen: its weights are never overwritten")
+            v = self.verifier
+            if not restore and (v.lost or not v.verified or v.revision != revision or not self.weights_awake):
+                held = v.revision if v.verified and not v.lost and self.weights_awake else None
+                raise weights.LoadError("order", f"load the verifier at revision {revision} first (it holds {held})")
+        if not self.weights_awake:
+            # Real vLLM would write into unmapped memory; the extension refuses first (weights_mapped).
+            raise weights.LoadError("order", f"the {target} weights are not mapped (asleep): wake_up(tags=weights)")
+        weights.check_path(path, self.cfg)
+        started = time.monotonic()
+        slot.begin_load(path, revision)  # fail closed: a crash or error from here leaves no claim
+        ckpt = await asyncio.to_thread(weights.resolve, path, target=target, config=self.cfg)
+        duration = self.lat.fixed(["rolloutfleet_load", f"rolloutfleet_load:{target}"])
+        if self.lat.load_bytes_per_s > 0:
+            duration += ckpt.bytes / self.lat.load_bytes_per_s
+        if duration > 0:
+            await asyncio.sleep(duration)
+        digest = weights.synthetic_digest("corrupt:" + ckpt.path) if corrupt else ckpt.digest
+        slot.finish_load(ckpt, revision, digest)
+        await self._notify()
+        return {
+            "ok": True,
+            "target": target,
+            "revision": revision,
+            "path": ckpt.path,
+            "digest": digest,
+            "bytes": ckpt.bytes,
+            "seconds": round(time.monotonic() - started, 6),
+            "tensors": ckpt.tensors,
+            "skipped": list(self.spec.shared_tensors) if target == "draft" else [],
+        }
+
+    # --- completions -------------------------------------------------------------------------------
+
+    async def complete(self, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+        """Generate ``max_tokens`` ids, one scheduler step at a time; return tokens, spans and pairs."""
+        if (self.paused or self.draining) and self.pause_mode != "keep" and self.spec.reject_while_paused:
+            raise RejectedError("the engine is paused")
+        req = _Request(next(self._rid))
+        self._active[req.rid] = req
+        t_start = time.monotonic()
+        tokens: list[int] = []
+        spans: list[dict[str, Any]] = []
+        runs: list[dict[str, Any]] = []
+        try:
+            for i in range(max_tokens):
+                async with self._changed:
+                    await self._changed.wait_for(lambda: req.aborted or self.runnable)
+                if req.aborted:
+                    break
+                tokens.append(self._token(prompt, i))
+                self._count_spec_step()
+                self._extend(spans, self.weight_version, i)
+                self._extend_run(runs, self.pair())
+                if self.lat.token_s > 0:
+                    await asyncio.sleep(self.lat.token_s)
+        finally:
+            del self._active[req.rid]
+            await self._notify()
+        self.counters["generation_tokens"] += len(tokens)
+        self.counters["prompt_tokens"] += len(prompt)
+        self.counters["success"] += 0 if req.aborted else 1
+        finish = "abort" if req.aborted else "length"
+        return {"tokens": tokens, "spans": spans, "runs": runs, "finish_reason": finish, "t_start": t_start}
+
+    def _token(self, prompt: list[int], i: int) -> int:
+        content = self.verifier.content
+        if content is None:
+            return 0  # weights read zero after sleep(2) + wake without reload: token 0 forever
+        h = blake3.blake3(f"{content}|{prompt}|{i}".encode()).digest(8)
+        return 1 + int.from_bytes(h, "little") % (self.spec.vocab_size - 1)
+
+    def _count_spec_step(self) -> None:
+        if self.draft is None:
+            return
+        k = self.spec.num_speculative_tokens
+        if self.verifier.content is None and self.draft.content is None:
+            rate = 1.0  # zero verifier and zero draft agree on token 0: acceptance reads 1.0 (measured)
+        elif self.verifier.content is None or self.draft.content is None:
+            rate = 0.0
+        elif self.spec.draft_policy == "frozen":
+            rate = 0.6 if self.draft.good else 0.0
+        else:
+            rate = 0.99 if weights.same_checkpoint_generation(self.verifier, self.draft) else 0.0
+        self.counters["drafts"] += 1
+        self.counters["draft_tokens"] += k
+        self.counters["accepted"] += round(k * rate)
+
+    @staticmethod
+    def _extend(spans: list[dict[str, Any]], version: str | None, i: int) -> None:
+        if spans and spans[-1]["version"] == version:
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": version, "start": i, "end": i + 1})
+
+    @staticmethod
+    def _extend_run(runs: list[dict[str, Any]], pair: dict[str, Any]) -> None:
+        if runs and all(runs[-1][k] == v for k, v in pair.items()):
+            runs[-1]["tokens"] += 1
+        else:
+            runs.append({**pair, "tokens": 1})
+
+    def metrics_text(self) -> str:
+        labels = f'engine="0",model_name="{self.spec.served_model_name}"'
+        c = self.counters
+        state = {0: "awake", 1: "weights_offloaded", 2: "discard_all"}.get(self.sleep_level, "awake")
+        lines = [
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{{{labels}}} {sum(1 for r in self._active.values() if self.runnable)}",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{{{labels}}} {sum(1 for r in self._active.values() if not self.runnable)}",
+            "# TYPE vllm:prompt_tokens_total counter",
+            f"vllm:prompt_tokens_total{{{labels}}} {c['prompt_tokens']}",
+            "# TYPE vllm:generation_tokens_total counter",
+            f"vllm:generation_tokens_total{{{labels}}} {c['generation_tokens']}",
+            "# TYPE vllm:request_success_total counter",
+            f'vllm:request_success_total{{{labels},finished_reason="length"}} {c["success"]}',
+            "# TYPE vllm:engine_sleep_state gauge",
+            *(
+                f'vllm:engine_sleep_state{{{labels},sleep_state="{s}"}} {1 if s == state else 0}'
+                for s in ("awake", "weights_offloaded", "discard_all")
+            ),
+        ]
+        if self.draft is not None:
+            lines += [
+                "# TYPE vllm:spec_decode_num_drafts_total counter",
+                f"vllm:spec_decode_num_drafts_total{{{labels}}} {c['drafts']}",
+                "# TYPE vllm:spec_decode_num_draft_tokens_total counter",
+                f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {c['draft_tokens']}",
+                "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
+                f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {c['accepted']}",
+            ]
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,442 @@
+"""One simulated vLLM engine on its own ``IP:port``: vLLM's routes, our auth middleware, injected faults.
+
+Created by ``rolloutfleet.sim.fleet.SimulatedFleet`` (many per process). The routes, status codes and
+bodies follow vLLM's source (``vllm/entrypoints/serve/dev/...`` in 0.26 to 0.33):
+
+- ``POST /pause`` → ``{"status": "paused"}``, 400 ``{"error": ...}`` for a bad mode; ``POST /resume`` →
+  ``{"status": "resumed"}``; ``GET /is_paused`` → ``{"is_paused": bool}``.
+- ``POST /sleep``, ``POST /wake_up`` → empty 200; ``GET /is_sleeping`` → ``{"is_sleeping": bool}``.
+- ``POST /reset_prefix_cache`` → ``{"success": bool}`` (0.33) or an empty 200 (0.26).
+- ``POST /update_weight_version`` → ``{"success": true, "new_version": v}``; ``GET /weight_info`` →
+  ``{"weight_version": v}``.
+- ``POST /collective_rpc`` → ``{"results": [...]}`` one per rank; an unknown method is a worker
+  ``AttributeError``, i.e. a plain-text 500.
+- ``GET /health`` → empty 200 whatever the sleep/pause state; ``GET /metrics``; ``/v1/completions``,
+  ``/v1/models``.
+
+Our image's middleware (``rolloutfleet_worker.auth``, mirrored here since the operator may not import
+it): every route but ``/health``, ``/metrics``, ``/ping``, ``/version``, ``/v1`` and ``/v1/*`` (and a few
+more open ones) needs ``Authorization: Bearer <token>``; otherwise 401
+``{"error": {"message", "type": "Unauthorized", "code": 401}}`` with ``WWW-Authenticate: Bearer``.
+Faults (``FaultRule``) act after authentication, per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from rolloutfleet.sim.config import EngineSpec, FaultKind, FaultRule, Latencies, WeightsConfig
+from rolloutfleet.sim.engine import EngineCore, EngineLog, InternalError, RejectedError
+
+# rolloutfleet_worker.auth: open exact paths and prefixes; everything else (deny by default) needs the token.
+OPEN_EXACT = frozenset(
+    {"/health", "/ping", "/metrics", "/version", "/load", "/tokenize", "/detokenize", "/invocations", "/v1"}
+)
+OPEN_PREFIXES = ("/v1/", "/metrics/")
+
+
+def is_open(path: str) -> bool:
+    segments = path.split("/")[1:]
+    if not path.startswith("/") or any(s in ("", ".", "..") for s in segments[:-1]) or segments[-1] in (".", ".."):
+        return False
+    return path in OPEN_EXACT or path.startswith(OPEN_PREFIXES)
+
+
+Action = Callable[[set[FaultKind]], Awaitable[tuple[web.Response, Any]]]
+
+
+def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.json_response(body, status=status)
+
+
+def _internal() -> web.Response:
+    return web.Response(status=500, text="Internal Server Error")
+
+
+class _ArmedFault:
+    def __init__(self, rule: FaultRule) -> None:
+        self.rule = rule
+        self.seen = 0
+        self.fired = 0
+
+    def matches(self, keys: list[str]) -> bool:
+        if self.rule.step != "*" and self.rule.step not in keys:
+            return False
+        self.seen += 1
+        if self.seen <= self.rule.skip:
+            return False
+        return self.rule.count is None or self.fired < self.rule.count
+
+
+class SimulatedEngine:
+    """A simulated engine: its HTTP listener, its state (``core``), its faults and its call log."""
+
+    def __init__(
+        self,
+        ip: str,
+        port: int,
+        *,
+        spec: EngineSpec,
+        weights: WeightsConfig,
+        latencies: Latencies,
+        token: str | None,
+    ) -> None:
+        self.ip, self.port = ip, port
+        self.spec, self.weights, self.latencies = spec, weights, latencies
+        self._token = token
+        self.log = EngineLog()
+        self.core = EngineCore(spec, weights, latencies, self.log)
+        self.faults: list[_ArmedFault] = []
+        self._runner: web.AppRunner | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __repr__(self) -> str:
+        return f"SimulatedEngine({self.key}, running={self.running})"
+
+    @property
+    def key(self) -> str:
+        return f"{self.ip}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.ip}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._runner is not None
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            return
+        app = web.Application(middlewares=[self._auth])
+        self._routes(app)
+        # handler_cancellation: a client that gives up on a hung request frees the handler, as uvicorn does.
+        runner = web.AppRunner(
+            app, handle_signals=False, access_log=None, shutdown_timeout=0.05, handler_cancellation=True
+        )
+        await runner.setup()
+        site = web.TCPSite(runner, self.ip, self.port, reuse_address=True, backlog=512)
+        await site.start()
+        if self.port == 0:
+            self.port = int(runner.addresses[0][1])
+        self._runner = runner
+        self.log.add("listen", state=self.core.summary())
+
+    async def stop(self) -> None:
+        """Stop for good (fleet removal/shutdown): the listener and any pending restart."""
+        for task in list(self._tasks):
+            task.cancel()
+        await self._close_listener()
+
+    async def _close_listener(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def crash(self, restart_after: float | None = None) -> None:
+        """The listener disappears, connections drop, state is lost; optionally listen again later."""
+        self.log.add("crash", restart_after=restart_after)
+        await self._close_listener()
+        if restart_after is not None:
+            self._spawn(self._restart_later(restart_after))
+
+    async def restart(self) -> None:
+        """A restarted container: fresh engine state (the initial weights), same call log."""
+        await self._close_listener()
+        self.core = EngineCore(self.spec, self.weights, self.latencies, self.log)
+        self.log.add("restart")
+        await self.start()
+
+    async def _restart_later(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await self.restart()
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def add_fault(self, rule: FaultRule) -> None:
+        self.faults.append(_ArmedFault(rule))
+
+    def clear_faults(self) -> None:
+        self.faults.clear()
+
+    # --- HTTP --------------------------------------------------------------------------------------
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self._token and not is_open(request.path):
+            scheme, _, presented = request.headers.get("Authorization", "").strip().partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), self._token.encode()):
+                self.log.add(request.path.strip("/"), status=401, result="unauthorized")
+                message = "a valid bearer token is required for control routes"
+                return web.json_response(
+                    {"error": {"message": message, "type": "Unauthorized", "code": 401}},
+                    status=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        resp: web.StreamResponse = await handler(request)
+        return resp
+
+    def _routes(self, app: web.Application) -> None:
+        r = app.router
+        r.add_get("/health", self._health)
+        r.add_get("/metrics", self._metrics)
+        r.add_get("/is_paused", self._is_paused)
+        r.add_post("/pause", self._pause)
+        r.add_post("/resume", self._resume)
+        r.add_post("/sleep", self._sleep)
+        r.add_post("/wake_up", self._wake_up)
+        r.add_get("/is_sleeping", self._is_sleeping)
+        r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
+        r.add_post("/update_weight_version", self._update_weight_version)
+        r.add_get("/weight_info", self._weight_info)
+        r.add_post("/collective_rpc", self._collective_rpc)
+        r.add_post("/v1/completions", self._completions)
+        r.add_get("/v1/models", self._models)
+
+    async def _step(self, keys: list[str], args: dict[str, Any], action: Action, *, log: bool = True) -> web.Response:
+        """Run one step: injected faults and latency first, then the action, then the call log entry."""
+        fault = next((f for f in self.faults if f.matches(keys)), None)
+        flags: set[FaultKind] = set()
+        step = keys[0]
+        if fault is not None:
+            fault.fired += 1
+            rule = fault.rule
+            self.log.add(step, key=keys[-1], args=args, fault=rule.to_dict())
+            if rule.kind is FaultKind.SLOW:
+                await asyncio.sleep(rule.delay)
+            elif rule.kind is FaultKind.TIMEOUT:
+                await asyncio.sleep(rule.delay or 3600.0)  # until the client gives up (or the delay ends)
+                return _error(504, "simulated timeout elapsed", "TimeoutError")
+            elif rule.kind is FaultKind.CRASH:
+                self._spawn(self.crash(rule.restart_after))
+                await asyncio.sleep(3600.0)  # cancelled by the crash: the client sees the connection drop
+            elif rule.kind is FaultKind.HTTP_ERROR and rule.phase == "before":
+                return web.json_response(rule.body, status=rule.status)
+            flags.add(rule.kind)
+        fixed = self.latencies.fixed(keys)
+        if fixed > 0:
+            await asyncio.sleep(fixed)
+        resp, result = await action(flags)
+        if fault is not None and fault.rule.kind is FaultKind.HTTP_ERROR:  # phase "after": acted, answer lost
+            resp = web.json_response(fault.rule.body, status=fault.rule.status)
+        if log:
+            self.log.add(step, key=keys[-1], args=args, status=resp.status, result=result, state=self.core.summary())
+        return resp
+
+    @staticmethod
+    def _body(result: Any, status: int = 200) -> tuple[web.Response, Any]:
+        if result is None:
+            return web.Response(status=status), None
+        return web.json_response(result, status=status), result
+
+    async def _health(self, request: web.Request) -> web.Response:
+        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+            return self._body(None)
+
+        return await self._step(["health"], {}, act, log=False)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+            text = self.core.metrics_text()
+            return web.Response(text=text, content_type="text/plain", charset="utf-8"), None
+
+        return await self._step(["metrics"], {}, act, log=False)
+
+    async def _is_paused(self, request: web.Request) -> web.Response:
+        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+            return self._body({"is_paused": self.core.paused})
+
+        return await self._step(["is_paused"], {}, act, log=False)
+
+    async def _pause(self, request: web.Request) -> web.Response:
+        mode = request.query.get("mode", "abort")
+        clear = request.query.get("clear_cache", "true").lower() in ("1", "true", "yes")
+        args = {"mode": mode, "clear_cache": clear}
+
+        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+            if mode not in ("keep", "wait", "abort"):
+                return _error(400, f"invalid pause mode {mode!r}"), {"error": "bad mode"}
+            await self.core.pause(mode, clear)
+            return self._body({"status": "paused"})
+
+        return await self._step(["pause", f"pause:{mode}"], args, act)
+
+    async def _resume(self, request: web.Request) -> web.Response:
+        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+            await self.core.resume()
+            return self._body({"status": "resumed"})
+
+        return await self._step(["resume"], {}, act)
+
+    async def _sleep(self, request: web.Request) -> web.Response:
+        level_text, mode = request.query.get("level", "1"), request.query.get("mode", "abort")
+        args = {"level": level_text, "mode": mode}
+
+        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+            try:
+                await self.core.sleep(int(level_text), mode)
+            except (InternalError, ValueError):
+                return _internal(), {"error": "internal"}
+            return self._body(None)
+
+        return await self._step(["sleep", f"sleep:{level_text}"], args, act)
+
+    async def _wake_up(self, request: web.Request) -> web.Response:
+        tags = request.query.getall("tags", [])
+        keys = ["wake_up", *(f"wake_up:{t}" for t in tags)]
+
+        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+            try:
+                await self.core.wake_up(list(tags) or None)
+            except InternalError:
+                return _internal(), {"error": "internal"}
+            return self._body(None)
+
+        return await self._step(keys, {"tags": list(tags)}, act)
+
+    async def _is_sleeping(self, request: web.Request) -> web.Response:
+        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+            return self._body({"is_sleeping": self.core.is_sleeping})
+
+        return await self._step(["is_sleeping"], {}, act, log=False)
+
+    async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
+        running = request.query.get("reset_running_requests", "false").lower() in ("1", "true")
+
+        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+            ok = self.core.reset_prefix_cache(running)
+            if self.spec.vllm_version == "0.26":
+                return web.Response(status=200), {"success": ok}
+            return self._body({"success": ok})
+
+        return await self._step(["reset_prefix_cache"], {"reset_running_requests": running}, act)
+
+    async def _update_weight_version(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        version = body.get("new_version") if isinstance(body, dict) else None
+
+        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+            if not isinstance(version, str):
+                return _error(400, "Field required: new_version"), {"error": "missing new_version"}
+            self.core.weight_version = version
+            return self._body({"success": True, "new_version": version})
+
+        return await self._step(["update_weight_version"], {"new_version": version}, act)
+
+    async def _weight_info(self, request: web.Request) -> web.Response:
+        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+            return self._body({"weight_version": self.core.weight_version})
+
+        return await self._step(["weight_info"], {}, act, log=False)
+
+    async def _collective_rpc(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        if not isinstance(body, dict):
+            return _error(400, "JSON decode error")
+        method = body.get("method")
+        if method is None:
+            return _error(400, "Missing 'method' in request body")
+        kwargs = body.get("kwargs") or {}
+        keys = ["collective_rpc", str(method)]
+        if method == "rolloutfleet_load" and isinstance(kwargs, dict):
+            keys.append(f"rolloutfleet_load:{kwargs.get('target')}")
+        args = {"method": method, "args": body.get("args") or [], "kwargs": kwargs}
+
+        async def act(flags: set[FaultKind]) -> tuple[web.Response, Any]:
+            try:
+                results = await self.core.rpc(
+                    str(method),
+                    kwargs if isinstance(kwargs, dict) else {},
+                    corrupt=FaultKind.CORRUPT_LOAD in flags,
+                    split=FaultKind.SPLIT_RANKS in flags,
+                )
+            except InternalError:
+                return _internal(), {"error": "internal"}
+            return self._body({"results": results})
+
+        # State reads are frequent and change nothing: keep them out of the log unless a fault fired.
+        log = method != "rolloutfleet_state"
+        return await self._step(keys, args, act, log=log)
+
+    async def _completions(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        if not isinstance(body, dict):
+            return _error(400, "JSON decode error")
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            prompt_ids = [b % self.spec.vocab_size for b in prompt.encode()]
+        elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            prompt_ids = list(prompt)
+        else:
+            return _error(400, "prompt must be a string or a list of token ids", "BadRequestError")
+        max_tokens = int(body.get("max_tokens") or 16)
+        args = {"prompt_len": len(prompt_ids), "max_tokens": max_tokens}
+
+        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+            try:
+                out = await self.core.complete(prompt_ids, max_tokens)
+            except RejectedError as exc:
+                return _error(503, str(exc), "ServiceUnavailableError"), {"error": "paused"}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "text": "",
+                "logprobs": None,
+                "finish_reason": out["finish_reason"],
+                "stop_reason": None,
+            }
+            if body.get("return_token_ids"):
+                choice["token_ids"] = out["tokens"]
+            if body.get("return_weight_versions"):
+                choice["weight_versions"] = out["spans"]
+            n = len(out["tokens"])
+            payload = {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": self.spec.served_model_name,
+                "choices": [choice],
+                "usage": {
+                    "prompt_tokens": len(prompt_ids),
+                    "completion_tokens": n,
+                    "total_tokens": n + len(prompt_ids),
+                },
+            }
+            served = {
+                "tokens": n,
+                "finish_reason": out["finish_reason"],
+                "t_start": out["t_start"],
+                "runs": out["runs"],
+                "weight_versions": out["spans"],
+                "mixed": any(run["mixed"] for run in out["runs"]),
+                "garbage": any(run["verifier_content"] in (None, "partial") for run in out["runs"]),
+            }
+            return web.json_response(payload), served
+
+        return await self._step(["completions"], args, act)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": self.spec.served_model_name, "object": "model", "owned_by": "vllm"}]}
+        )
+
+
+async def _json(request: web.Request) -> Any:
+    with contextlib.suppress(ValueError, UnicodeDecodeError):
+        text = await request.text()
+        return json.loads(text) if text else {}
+    return None
