@@ -14,8 +14,10 @@ The replace list is generated from k8s.io/kubernetes's own go.mod, never hard-co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
+import fcntl
 import json
 import os
 import pathlib
@@ -25,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.16"
@@ -42,6 +45,9 @@ class Tool:
     package: str
     kubernetes_staging: bool = False
     ldflags: tuple[str, ...] = ()
+    # Files copied from the module's source next to the binary: (output name, module-relative paths to
+    # concatenate). kwok needs its stage definitions, which kwokctl embeds but the bare binary does not.
+    assets: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 def _kubernetes_ldflags(version: str) -> tuple[str, ...]:
@@ -85,6 +91,20 @@ TOOLS: dict[str, Tool] = {
             KWOK_VERSION,
             "sigs.k8s.io/kwok/cmd/kwok",
             ldflags=(f"-X sigs.k8s.io/kwok/pkg/consts.Version={KWOK_VERSION}",),
+            # The stages kwokctl uses by default (pkg/kwokctl/runtime/cluster.go: getDefaultNodeStages
+            # with a lease, getDefaultPodStages). Without stages the bare kwok binary exits.
+            assets=(
+                (
+                    "stages.yaml",
+                    (
+                        "kustomize/stage/node/fast/node-initialize.yaml",
+                        "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+                        "kustomize/stage/pod/fast/pod-ready.yaml",
+                        "kustomize/stage/pod/fast/pod-complete.yaml",
+                        "kustomize/stage/pod/fast/pod-delete.yaml",
+                    ),
+                ),
+            ),
         ),
         Tool(
             "helm",
@@ -111,10 +131,11 @@ class BuildError(RuntimeError):
 
 def cache_root() -> pathlib.Path:
     """Where binaries and build logs are cached (outside the repository)."""
-    base = os.environ.get("ROLLOUTFLEET_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rolloutfleet"
-    )
-    return pathlib.Path(base)
+    explicit = os.environ.get("ROLLOUTFLEET_CACHE")
+    if explicit:
+        return pathlib.Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (pathlib.Path(xdg) if xdg else pathlib.Path("~/.cache").expanduser()) / "rolloutfleet"
 
 
 def binary_path(name: str) -> pathlib.Path:
@@ -123,23 +144,56 @@ def binary_path(name: str) -> pathlib.Path:
     return cache_root() / "bin" / f"{tool.name}-{tool.version}" / tool.name
 
 
+def asset_path(name: str, asset: str) -> pathlib.Path:
+    """A file copied from a tool's module next to its binary (e.g. kwok's ``stages.yaml``)."""
+    return binary_path(name).parent / asset
+
+
+def _complete(tool: Tool) -> bool:
+    return binary_path(tool.name).exists() and all(asset_path(tool.name, a).exists() for a, _ in tool.assets)
+
+
+@contextlib.contextmanager
+def _locked(tool: Tool) -> Iterator[None]:
+    # Two builders of one tool (a test run and `sandbox build`) would fight for the cores and race on the
+    # rename; an exclusive flock makes the second wait and then find the binary cached.
+    locks = cache_root() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with (locks / f"{tool.name}-{tool.version}.lock").open("w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log(f"{tool.name}: another process is building it; waiting for it")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 def _log(message: str) -> None:
     print(f"[sandbox build] {message}", file=sys.stderr, flush=True)
 
 
 def _go(args: list[str], cwd: pathlib.Path, log: pathlib.Path) -> str:
     env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=mod", GOWORK="off")
-    with log.open("a") as sink:
+    started = time.monotonic()
+    with log.open("a") as sink, tempfile.TemporaryFile("w+") as out:
         sink.write(f"$ go {' '.join(args)}\n")
         sink.flush()
-        proc = subprocess.run(
-            ["go", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=sink, text=True, check=False
-        )
-        sink.write(proc.stdout)
+        proc = subprocess.Popen(["go", *args], cwd=cwd, env=env, stdout=out, stderr=sink, text=True)
+        # Go prints nothing while it compiles; a heartbeat tells a waiting user (or CI log) it is alive.
+        while True:
+            try:
+                proc.wait(timeout=60)
+                break
+            except subprocess.TimeoutExpired:
+                _log(f"  ... go {args[0]} still running ({time.monotonic() - started:.0f}s)")
+        out.seek(0)
+        stdout = out.read()
+        sink.write(stdout)
     if proc.returncode != 0:
         tail = log.read_text().splitlines()[-25:]
-        raise BuildError(f"go {' '.join(args[:2])} failed (exit {proc.returncode}); log {log}:\n" + "\n".join(tail))
-    return proc.stdout
+        command = " ".join(args[:2])
+        raise BuildError(f"go {command} failed (exit {proc.returncode}); log {log}:\n" + "\n".join(tail))
+    return stdout
 
 
 def staging_replaces(kubernetes_gomod: str, version: str) -> list[tuple[str, str]]:
@@ -168,11 +222,21 @@ def build(name: str, force: bool = False) -> pathlib.Path:
     """Build one tool into the cache unless it is already there; return the binary's path."""
     tool = TOOLS[name]
     target = binary_path(name)
-    if target.exists() and not force:
+    if _complete(tool) and not force:
         return target
-    logs = cache_root() / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log = logs / f"build-{tool.name}-{tool.version}.log"
+    with _locked(tool):
+        if _complete(tool) and not force:  # built by whoever held the lock before us
+            return target
+        logs = cache_root() / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log = logs / f"build-{tool.name}-{tool.version}.log"
+        if force or not target.exists():
+            _compile(tool, target, log)
+        _write_assets(tool, log)
+    return target
+
+
+def _compile(tool: Tool, target: pathlib.Path, log: pathlib.Path) -> None:
     log.write_text("")
     started = time.monotonic()
     _log(f"building {tool.name} {tool.version} from {tool.module} (cold builds take minutes; log: {log})")
@@ -191,7 +255,20 @@ def build(name: str, force: bool = False) -> pathlib.Path:
         _go([*args, tool.package], workdir, log)
         staging.rename(target)
     _log(f"built {tool.name} in {time.monotonic() - started:.0f}s -> {target}")
-    return target
+
+
+def _write_assets(tool: Tool, log: pathlib.Path) -> None:
+    if not tool.assets:
+        return
+    with tempfile.TemporaryDirectory(prefix=f"rf-assets-{tool.name}-") as tmp:
+        download = ["mod", "download", "-json", f"{tool.module}@{tool.version}"]
+        info = json.loads(_go(download, pathlib.Path(tmp), log))
+    source = pathlib.Path(info["Dir"])
+    for asset, parts in tool.assets:
+        documents = [(source / part).read_text().strip() + "\n" for part in parts]
+        target = asset_path(tool.name, asset)
+        target.with_suffix(".partial").write_text("---\n".join(documents))
+        target.with_suffix(".partial").rename(target)
 
 
 def ensure(names: tuple[str, ...] | list[str] = CONTROL_PLANE, force: bool = False) -> dict[str, pathlib.Path]:
@@ -200,15 +277,16 @@ def ensure(names: tuple[str, ...] | list[str] = CONTROL_PLANE, force: bool = Fal
         raise BuildError("the go command is not on PATH; Go >= 1.26 is needed to build the local control plane")
     paths = {}
     for index, name in enumerate(names, start=1):
-        cached = binary_path(name).exists() and not force
-        _log(f"[{index}/{len(names)}] {name}: {'cached' if cached else 'building'}")
+        # Quiet when warm: a test session or `sandbox up` should not print a line per cached binary.
+        if force or not _complete(TOOLS[name]):
+            _log(f"[{index}/{len(names)}] {name}: building")
         paths[name] = build(name, force=force)
     return paths
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("tools", nargs="*", default=list(CONTROL_PLANE) + ["helm"])
+    parser.add_argument("tools", nargs="*", default=[*CONTROL_PLANE, "helm"])
     parser.add_argument("--force", action="store_true", help="rebuild even if cached")
     args = parser.parse_args(argv)
     started = datetime.datetime.now()
