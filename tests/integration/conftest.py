@@ -29,6 +29,7 @@ from rolloutfleet.sandbox import binaries, cluster, waiting
 # Substrings of context names that mark a disposable cluster; anything else needs an explicit opt-in.
 TEST_CONTEXT_MARKERS = ("kind-", "kwok", "rolloutfleet-sandbox", "minikube", "k3d", "envtest")
 OPT_IN_ENV = "ROLLOUTFLEET_TEST_CLUSTER_OK"
+TEST_SUBNET_OFFSET = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +67,14 @@ def kube_cluster(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathF
         yield _from_kubeconfig_env(env)
         return
     local = cluster.Cluster(
-        tmp_path_factory.mktemp("kube"), name="pytest", nodes=4, gpus_per_node=8, tie_to_parent=True
+        tmp_path_factory.mktemp("kube"),
+        name="pytest",
+        nodes=4,
+        gpus_per_node=8,
+        # Pod IPs 127.1.128.x and up: disjoint from a `sandbox up` cluster (127.1.0.x ...) that may be
+        # running with simulated engines on the same machine.
+        subnet_offset=TEST_SUBNET_OFFSET,
+        tie_to_parent=True,
     )
     capture = pytestconfig.pluginmanager.getplugin("capturemanager")
     # Show progress live: a cold build of the binaries takes many minutes and must not look like a hang.

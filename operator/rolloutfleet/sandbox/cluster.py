@@ -92,8 +92,9 @@ class ComponentStatus:
 class Cluster:
     """One local control plane (etcd, apiserver, controller-manager, scheduler, kwok) in ``directory``.
 
-    ``tie_to_parent=True`` (tests) makes the components die with the calling process and registers an
-    ``atexit`` stop; ``False`` (``sandbox up``) leaves them running detached until ``sandbox down``.
+    Node ``i`` gets pod subnet 127.1.<subnet_offset + i>.0/24. ``tie_to_parent=True`` (tests) makes the
+    components die with the calling process and registers an ``atexit`` stop; ``False`` (``sandbox up``)
+    leaves them running detached until ``sandbox down``.
     """
 
     def __init__(
@@ -104,6 +105,7 @@ class Cluster:
         nodes: int = 4,
         gpus_per_node: int = 8,
         pool: str = "default",
+        subnet_offset: int = 0,
         tie_to_parent: bool = False,
         progress: Callable[[str], None] = _stderr,
     ) -> None:
@@ -112,6 +114,7 @@ class Cluster:
         self.node_count = nodes
         self.gpus_per_node = gpus_per_node
         self.pool = pool
+        self.subnet_offset = subnet_offset
         self.tie_to_parent = tie_to_parent
         self.progress = progress
         self._popens: dict[str, subprocess.Popen[bytes]] = {}
@@ -207,7 +210,9 @@ class Cluster:
         """Create fake GPU nodes ``start .. start+count-1`` (existing ones are left as they are)."""
         names = []
         for index in range(start, start + count):
-            body = nodes.fake_gpu_node(index, gpus=self.gpus_per_node if gpus is None else gpus, pool=self.pool)
+            gpu_count = self.gpus_per_node if gpus is None else gpus
+            subnet = self.subnet_offset + index
+            body = nodes.fake_gpu_node(index, gpus=gpu_count, pool=self.pool, subnet=subnet)
             try:
                 self.request("POST", "/api/v1/nodes", body)
             except urllib.error.HTTPError as err:

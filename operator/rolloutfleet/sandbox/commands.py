@@ -78,6 +78,8 @@ def _build(args: argparse.Namespace) -> int:
 
 def _up(args: argparse.Namespace) -> int:
     target = _cluster(args, nodes=args.nodes, gpus_per_node=args.gpus)
+    # kubectl too, so that the hint printed below works on a fresh machine.
+    binaries.ensure(binaries.CONTROL_PLANE)
     target.start(timeout=args.timeout)
     kubectl = binaries.binary_path("kubectl")
     print(f"kubeconfig: {target.kubeconfig}")

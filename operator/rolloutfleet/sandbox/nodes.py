@@ -29,10 +29,10 @@ def node_name(index: int, prefix: str = "gpu-node") -> str:
     return f"{prefix}-{index:03d}"
 
 
-def pod_cidr(index: int) -> str:
-    if not 0 <= index < MAX_NODES:
-        raise ValueError(f"node index {index} outside 0..{MAX_NODES - 1}: one /24 of 127.1.0.0/16 each")
-    return f"{POD_NETWORK_PREFIX}.{index}.0/24"
+def pod_cidr(subnet: int) -> str:
+    if not 0 <= subnet < MAX_NODES:
+        raise ValueError(f"pod subnet {subnet} outside 0..{MAX_NODES - 1}: one /24 of 127.1.0.0/16 per node")
+    return f"{POD_NETWORK_PREFIX}.{subnet}.0/24"
 
 
 def fake_gpu_node(
@@ -44,9 +44,15 @@ def fake_gpu_node(
     memory: str = "1024Gi",
     pods: int = 110,
     prefix: str = "gpu-node",
+    subnet: int | None = None,
 ) -> dict[str, Any]:
-    """A Node body with GPU capacity, pool labels and the annotation kwok selects on."""
+    """A Node body with GPU capacity, pool labels and the annotation kwok selects on.
+
+    ``subnet`` picks the node's 127.1.<subnet>.0/24 (default: its index); clusters that may run side by
+    side (the sandbox and a test session) use disjoint subnets so their pod IPs never collide.
+    """
     name = node_name(index, prefix)
+    cidr = pod_cidr(index if subnet is None else subnet)
     resources = {"cpu": cpu, "memory": memory, "pods": str(pods), GPU_RESOURCE: str(gpus)}
     return {
         "apiVersion": "v1",
@@ -64,7 +70,7 @@ def fake_gpu_node(
                 "nvidia.com/gpu.count": str(gpus),
             },
         },
-        "spec": {"podCIDR": pod_cidr(index), "podCIDRs": [pod_cidr(index)]},
+        "spec": {"podCIDR": cidr, "podCIDRs": [cidr]},
         # The apiserver keeps status on Node create (the kubelet registers this way); kwok's
         # node-initialize stage keeps capacity/allocatable and adds the Ready condition.
         "status": {
