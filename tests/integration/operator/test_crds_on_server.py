@@ -1,0 +1,139 @@
+"""The generated CRDs on a real API server: examples are accepted, invalid objects are refused by the
+server's own schema and CEL validation (each assertion names the server's message)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pathlib
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+pytestmark = pytest.mark.integration
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+GROUP, VERSION = "rolloutfleet.io", "v1alpha1"
+
+
+def example(name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / name).read_text())
+    return doc
+
+
+def create(api: client.CustomObjectsApi, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
+    plural = "rolloutfleets" if obj["kind"] == "RolloutFleet" else "weightrevisions"
+    out: dict[str, Any] = api.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, obj)
+    return out
+
+
+def test_examples_are_accepted_and_defaulted(
+    crds_installed: list[str], k8s_api: client.ApiClient, namespace: str
+) -> None:
+    api = client.CustomObjectsApi(k8s_api)
+    fleet = create(api, namespace, example("rolloutfleet-eagle.yaml"))
+    assert fleet["spec"]["parity"]["logprobsMode"] == "processed_logprobs"  # server-side default from the schema
+    assert fleet["spec"]["updateStrategy"]["timeouts"]["loadSeconds"] == 1800
+    for name in ("weightrevision-step-1.yaml", "weightrevision-step-2-rolling.yaml"):
+        wrev = create(api, namespace, example(name))
+        assert wrev["spec"]["fleetRef"]["name"] == "policy-7b"
+
+
+def _set(obj: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    node = out
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = value
+    return out
+
+
+FLEET = example("rolloutfleet-eagle.yaml")
+WREV = example("weightrevision-step-1.yaml")
+
+INVALID = [
+    ("fleet-negative-replicas", FLEET, "spec.replicas", -1, "spec.replicas: Invalid value: -1"),
+    ("fleet-relative-path", FLEET, "spec.verifier.path", "weights/x", "spec.verifier.path: Invalid value"),
+    ("fleet-dotdot-path", FLEET, "spec.verifier.path", "/weights/a/../b", "must not contain a '..' segment"),
+    ("fleet-unknown-method", FLEET, "spec.draft.method", "medusa", 'spec.draft.method: Unsupported value: "medusa"'),
+    (
+        "fleet-tp-not-dividing",
+        FLEET,
+        "spec.tensorParallelSize",
+        3,
+        "gpusPerPod must be a multiple of tensorParallelSize",
+    ),
+    ("fleet-draft-without-path", FLEET, "spec.draft", {"method": "eagle"}, "draft.path is required"),
+    (
+        "fleet-max-unavailable-zero",
+        FLEET,
+        "spec.updateStrategy.maxUnavailable",
+        0,
+        "must be an integer >= 1 or a percentage",
+    ),
+    (
+        "fleet-max-unavailable-bad-pct",
+        FLEET,
+        "spec.updateStrategy.maxUnavailable",
+        "0%",
+        "must be an integer >= 1 or a percentage",
+    ),
+    ("fleet-no-roots", FLEET, "spec.weights.allowedRoots", [], "spec.weights.allowedRoots: Invalid value"),
+    ("fleet-mode", FLEET, "spec.updateStrategy.mode", "hot", 'spec.updateStrategy.mode: Unsupported value: "hot"'),
+    ("wrev-negative-revision", WREV, "spec.revision", -3, "spec.revision: Invalid value: -3"),
+    ("wrev-bad-digest", WREV, "spec.verifier.digest", "sha256:00", "spec.verifier.digest: Invalid value"),
+    ("wrev-no-verifier", WREV, "spec.verifier", None, "spec.verifier: Required value"),
+    ("wrev-dotdot", WREV, "spec.draft.path", "/weights/policy-7b/../../etc", "must not contain a '..' segment"),
+]
+
+
+@pytest.mark.parametrize(("case", "base", "path", "value", "message"), INVALID, ids=[c[0] for c in INVALID])
+def test_server_rejects_invalid_objects(
+    crds_installed: list[str],
+    k8s_api: client.ApiClient,
+    namespace: str,
+    case: str,
+    base: dict[str, Any],
+    path: str,
+    value: Any,
+    message: str,
+) -> None:
+    obj = _set(base, path, value)
+    if value is None:
+        obj["spec"].pop(path.rsplit(".", 1)[-1])
+    obj["metadata"] = {"name": case}
+    with pytest.raises(client.ApiException) as err:
+        create(client.CustomObjectsApi(k8s_api), namespace, obj)
+    assert err.value.status == 422, err.value.body
+    server_message = json.loads(err.value.body)["message"]
+    assert message in server_message, server_message
+
+
+@pytest.mark.parametrize("field", ["revision", "fleetRef"])
+def test_revision_and_fleet_ref_are_immutable(
+    crds_installed: list[str], k8s_api: client.ApiClient, namespace: str, field: str
+) -> None:
+    api = client.CustomObjectsApi(k8s_api)
+    create(api, namespace, WREV)
+    patch = {"spec": {"revision": 99}} if field == "revision" else {"spec": {"fleetRef": {"name": "other"}}}
+    with pytest.raises(client.ApiException) as err:
+        api.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, "weightrevisions", WREV["metadata"]["name"], patch
+        )
+    assert err.value.status == 422 and "is immutable" in err.value.body, err.value.body
+
+
+def test_short_names_and_columns(crds_installed: list[str], k8s_api: client.ApiClient) -> None:
+    ext = client.ApiextensionsV1Api(k8s_api)
+    wrev = ext.read_custom_resource_definition("weightrevisions.rolloutfleet.io")
+    assert wrev.spec.names.short_names == ["wrev"]
+    assert [c.name for c in wrev.spec.versions[0].additional_printer_columns] == [
+        "Fleet",
+        "Revision",
+        "Phase",
+        "Updated",
+        "Age",
+    ]
