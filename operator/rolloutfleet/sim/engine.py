@@ -63,7 +63,7 @@ class InternalError(Exception):
 @dataclasses.dataclass
 class _Request:
     rid: int
-    holds_blocks: bool = True
+    holds_blocks: bool = False  # KV blocks are allocated when the scheduler first runs the request
     aborted: bool = False
     done: bool = False
 
@@ -330,6 +330,7 @@ class EngineCore:
                     await self._changed.wait_for(lambda: req.aborted or self.runnable)
                 if req.aborted:
                     break
+                req.holds_blocks = True
                 tokens.append(self._token(prompt, i))
                 self._count_spec_step()
                 self._extend(spans, self.weight_version, i)

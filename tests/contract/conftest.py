@@ -1,0 +1,108 @@
+"""Fixtures of the engine contract suite: one engine to test, simulated by default, real vLLM on demand.
+
+By default every test gets a fresh simulated engine (``rolloutfleet.sim``) on 127.0.0.1 with a draft
+(policy ``coUpdate``), sleep mode enabled, a bearer token, and four small safetensors checkpoints written
+into a tmp dir. To run the same assertions against a real vLLM (the GPU tier, shared/gpu/README.md):
+
+    ROLLOUTFLEET_CONTRACT_URL=http://127.0.0.1:8000     the engine (our image: extension + auth middleware)
+    ROLLOUTFLEET_CONTRACT_TOKEN=...                      the control token it was started with
+    ROLLOUTFLEET_CONTRACT_WEIGHTS=/path                   holding verifier-a, verifier-b, draft-a, draft-b:
+                                                         safetensors dirs of the served shapes, where the
+                                                         draft-X proposes what verifier-X predicts.
+
+The real engine is shared by all tests, so each test leaves it awake and resumed (``restore`` fixture).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import re
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from rolloutfleet.adapters.engine import EngineClient, EnginePool, ResetPolicy, RetryPolicy
+from rolloutfleet.sim import EngineSpec, SimulatedFleet
+
+TOKEN = "contract-token"  # noqa: S105 - a test token
+
+
+@dataclasses.dataclass(frozen=True)
+class Weights:
+    verifier_a: str
+    verifier_b: str
+    draft_a: str
+    draft_b: str
+    empty: str | None  # a directory without *.safetensors (only when the engine shares our filesystem)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    url: str
+    token: str
+    weights: Weights
+    real: bool
+
+
+def write_checkpoint(directory: pathlib.Path, seed: int, *, layers: int = 2, hidden: int = 64) -> str:
+    """A tiny llama-shaped safetensors checkpoint; the same seed gives the same tensors."""
+    rng = np.random.default_rng(seed)
+    tensors = {"model.embed_tokens.weight": rng.standard_normal((128, hidden), dtype=np.float32)}
+    for i in range(layers):
+        tensors[f"model.layers.{i}.mlp.up_proj.weight"] = rng.standard_normal((hidden, hidden), dtype=np.float32)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(directory / "model.safetensors"))
+    return str(directory)
+
+
+@pytest.fixture
+async def target(tmp_path: pathlib.Path) -> AsyncIterator[Target]:
+    url = os.environ.get("ROLLOUTFLEET_CONTRACT_URL")
+    if url:
+        root = pathlib.Path(os.environ["ROLLOUTFLEET_CONTRACT_WEIGHTS"])
+        weights = Weights(*(str(root / n) for n in ("verifier-a", "verifier-b", "draft-a", "draft-b")), empty=None)
+        yield Target(url, os.environ["ROLLOUTFLEET_CONTRACT_TOKEN"], weights, real=True)
+        return
+    (tmp_path / "empty").mkdir()
+    weights = Weights(
+        verifier_a=write_checkpoint(tmp_path / "verifier-a", 1),
+        verifier_b=write_checkpoint(tmp_path / "verifier-b", 2),
+        draft_a=write_checkpoint(tmp_path / "draft-a", 1, layers=1),
+        draft_b=write_checkpoint(tmp_path / "draft-b", 2, layers=1),
+        empty=str(tmp_path / "empty"),
+    )
+    spec = EngineSpec(verifier_path=weights.verifier_a, draft_path=weights.draft_a, draft_policy="coUpdate")
+    async with SimulatedFleet(token=TOKEN, spec=spec) as fleet:
+        engine = await fleet.add("127.0.0.1", 0)
+        yield Target(engine.url, TOKEN, weights, real=False)
+
+
+@pytest.fixture
+async def pool(target: Target) -> AsyncIterator[EnginePool]:
+    async with EnginePool(
+        token=target.token, retry=RetryPolicy(attempts=2, base_delay=0.01), reset=ResetPolicy(attempts=50)
+    ) as p:
+        yield p
+
+
+@pytest.fixture
+async def engine(target: Target, pool: EnginePool) -> AsyncIterator[EngineClient]:
+    """The client of the engine under test; afterwards the engine is left awake and resumed."""
+    client = pool.client(target.url)
+    yield client
+    await client.wake_up()
+    await client.resume()
+
+
+def metric_sum(text: str, name: str) -> float:
+    """The sum over label sets of one Prometheus sample name."""
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}(\{{.*\}})?\s+([0-9.eE+-]+)$", line)
+        if m:
+            total += float(m.group(2))
+    return total

@@ -1,0 +1,254 @@
+"""The engine contract (DESIGN.md §4): every behaviour of vLLM + our extension that the operator relies on.
+
+Written once, run against the simulator in CI and against real vLLM on the GPU (see conftest.py). A
+difference between the two is a simulator bug. Assertions go through the operator's own client
+(``rolloutfleet.adapters.engine``) except where the raw HTTP answer is the point (auth).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from conftest import Target, metric_sum
+
+from rolloutfleet.adapters.engine import EngineClient
+from rolloutfleet.adapters.engine_wire import EngineRPCError
+from rolloutfleet_worker.digest import digest_directory
+
+pytestmark = pytest.mark.contract
+
+CONTROL_ROUTES = [
+    ("GET", "/is_paused"),
+    ("GET", "/is_sleeping"),
+    ("GET", "/weight_info"),
+    ("POST", "/pause?mode=keep&clear_cache=false"),
+    ("POST", "/resume"),
+    ("POST", "/sleep?level=2"),
+    ("POST", "/wake_up"),
+    ("POST", "/reset_prefix_cache"),
+    ("POST", "/update_weight_version"),
+    ("POST", "/collective_rpc"),
+]
+
+
+async def load_pair(engine: EngineClient, verifier: str, draft: str, revision: int) -> None:
+    await engine.load("verifier", verifier, revision)
+    await engine.load("draft", draft, revision)
+
+
+async def complete(target: Target, max_tokens: int = 8, **extra: object) -> tuple[int, dict]:
+    body = {"prompt": [1, 2, 3, 4], "max_tokens": max_tokens, "temperature": 0.0, **extra}
+    async with aiohttp.ClientSession() as s, s.post(target.url + "/v1/completions", json=body) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+async def test_control_routes_require_the_bearer_token(target: Target, engine: EngineClient) -> None:
+    async with aiohttp.ClientSession() as s:
+        for method, route in CONTROL_ROUTES:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {target.token}"}):
+                async with s.request(method, target.url + route, headers=headers, json={}) as resp:
+                    assert resp.status == 401, (method, route, headers)
+                    assert resp.headers.get("WWW-Authenticate") == "Bearer"
+                    assert "error" in await resp.json()
+    # Nothing above acted: the engine is neither paused nor asleep.
+    assert not await engine.is_paused()
+    assert not await engine.is_sleeping()
+
+
+async def test_probe_metrics_and_generation_routes_are_open(target: Target) -> None:
+    async with aiohttp.ClientSession() as s:
+        for route in ("/health", "/metrics", "/v1/models"):
+            async with s.get(target.url + route) as resp:
+                assert resp.status == 200, route
+
+
+async def test_extension_state_reports_both_models(target: Target, engine: EngineClient) -> None:
+    await load_pair(engine, target.weights.verifier_a, target.weights.draft_a, 1)
+    (state, *others) = await engine.extension_state()
+    assert state["ok"] is True and state["resident"] is True
+    assert isinstance(state["rank"], int)
+    assert state["verifier"]["revision"] == 1 and state["verifier"]["path"] == target.weights.verifier_a
+    assert state["draft"] is not None and state["draft"]["policy"] == "coUpdate"
+    assert state["draft"]["revision"] == 1
+    observed = await engine.observe()
+    assert observed.reachable and observed.resident and observed.pair == (1, 1)
+    assert observed.verifier.verified and observed.draft is not None and observed.draft.verified
+
+
+async def test_digests_equal_the_publishers_digest_of_the_files(target: Target, engine: EngineClient) -> None:
+    v = await engine.load("verifier", target.weights.verifier_b, 2)
+    d = await engine.load("draft", target.weights.draft_b, 2)
+    assert v.digest == digest_directory(target.weights.verifier_b)
+    assert d.digest == digest_directory(target.weights.draft_b)
+    assert v.digest.startswith("blake3:") and len(v.digest) == len("blake3:") + 64
+    assert v.bytes > 0 and v.tensors > 0
+    observed = await engine.observe()
+    assert (observed.verifier.digest, observed.draft and observed.draft.digest) == (v.digest, d.digest)
+
+
+async def test_draft_loads_only_after_the_verifier_holds_its_revision(target: Target, engine: EngineClient) -> None:
+    await load_pair(engine, target.weights.verifier_a, target.weights.draft_a, 1)
+    with pytest.raises(EngineRPCError) as err:
+        await engine.load("draft", target.weights.draft_b, 2)
+    assert err.value.code == "order"
+    await engine.load("verifier", target.weights.verifier_b, 2)
+    result = await engine.load("draft", target.weights.draft_b, 2)
+    assert result.revision == 2 and (await engine.observe()).pair == (2, 2)
+
+
+async def test_bad_loads_fail_with_the_extension_codes(target: Target, engine: EngineClient) -> None:
+    cases = [
+        ("verifier", "relative/path", "invalid_path"),
+        ("verifier", target.weights.verifier_a + "/../verifier-a", "invalid_path"),
+        ("verifier", "/nonexistent/rolloutfleet/checkpoint", "invalid_path"),
+        ("embedding", target.weights.verifier_a, "invalid_target"),
+    ]
+    if target.weights.empty is not None:
+        cases.append(("verifier", target.weights.empty, "io"))
+    for tgt, path, code in cases:
+        with pytest.raises(EngineRPCError) as err:
+            await engine.load(tgt, path, 3)
+        assert err.value.code == code, (tgt, path)
+
+
+async def test_pause_modes_and_is_paused(target: Target, engine: EngineClient) -> None:
+    for mode in ("keep", "wait", "abort"):
+        await engine.pause(mode=mode, clear_cache=False)  # type: ignore[arg-type]
+        assert await engine.is_paused()
+        assert await engine.is_sleeping()  # vLLM reports a paused engine as sleeping
+        await engine.health()  # /health ignores pause
+        await engine.resume()
+        assert not await engine.is_paused()
+        assert not await engine.is_sleeping()
+
+
+async def test_keep_mode_holds_requests_until_resume(target: Target, engine: EngineClient) -> None:
+    await load_pair(engine, target.weights.verifier_a, target.weights.draft_a, 1)
+    await engine.pause(mode="keep", clear_cache=False)
+    pending = asyncio.ensure_future(complete(target, max_tokens=8))
+    await asyncio.sleep(0.3)
+    assert not pending.done(), "a request was served while the engine was paused in keep mode"
+    await engine.resume()
+    status, body = await asyncio.wait_for(pending, 30)
+    assert status == 200
+    assert body["usage"]["completion_tokens"] == 8
+
+
+async def test_abort_mode_serves_nothing_while_paused(target: Target, engine: EngineClient) -> None:
+    await engine.pause(mode="abort", clear_cache=False)
+    pending = asyncio.ensure_future(complete(target, max_tokens=4))
+    await asyncio.sleep(0.3)
+    if pending.done():  # refused (DESIGN §4: 503), never served
+        status, _ = pending.result()
+        assert status == 503
+    await engine.resume()
+    if not pending.done():  # held by the scheduler instead: served only after resume
+        status, _ = await asyncio.wait_for(pending, 30)
+        assert status == 200
+
+
+async def test_level2_sleep_discards_both_models(target: Target, engine: EngineClient) -> None:
+    await load_pair(engine, target.weights.verifier_a, target.weights.draft_a, 1)
+    await engine.pause(mode="keep", clear_cache=False)
+    await engine.sleep(2)
+    assert await engine.is_sleeping()
+    await engine.health()  # /health ignores sleep
+    asleep = await engine.observe()
+    assert not asleep.resident and asleep.pair == (None, None) and asleep.verifier.digest is None
+    await engine.wake_up(["weights"])
+    woken = await engine.observe()
+    assert not woken.resident and woken.pair == (None, None), "weights came back without a reload"
+    assert woken.sleeping
+    await load_pair(engine, target.weights.verifier_a, target.weights.draft_a, 1)
+    await engine.wake_up(["kv_cache"])
+    await engine.resume()
+    final = await engine.observe()
+    assert final.resident and final.pair == (1, 1) and not final.sleeping and not final.paused
+
+
+async def test_loading_into_sleeping_weights_fails_closed(target: Target, engine: EngineClient) -> None:
+    await load_pair(engine, target.weights.verifier_a, target.weights.draft_a, 1)
+    await engine.pause(mode="keep", clear_cache=False)
+    await engine.sleep(2)
+    with pytest.raises(EngineRPCError) as err:
+        await engine.load("verifier", target.weights.verifier_b, 2)
+    assert err.value.code == "order"
+    await engine.wake_up(["weights"])
+    await load_pair(engine, target.weights.verifier_a, target.weights.draft_a, 1)
+
+
+async def test_wake_without_reload_serves_garbage(target: Target, engine: EngineClient) -> None:
+    await load_pair(engine, target.weights.verifier_a, target.weights.draft_a, 1)
+    await engine.pause(mode="keep", clear_cache=False)
+    await engine.sleep(2)
+    await engine.wake_up()
+    await engine.resume()
+    status, body = await complete(target, max_tokens=6, return_token_ids=True)
+    assert status == 200 and body["choices"][0]["token_ids"] == [0] * 6  # measured on the H200
+    assert not (await engine.observe()).resident  # only the extension tells
+    await engine.pause(mode="keep", clear_cache=False)
+    await load_pair(engine, target.weights.verifier_a, target.weights.draft_a, 1)
+
+
+async def test_weight_version_is_set_read_and_stamped(target: Target, engine: EngineClient) -> None:
+    await engine.update_weight_version("step-7")
+    assert await engine.weight_info() == "step-7"
+    status, body = await complete(target, max_tokens=3, return_weight_versions=True, return_token_ids=True)
+    assert status == 200
+    spans = body["choices"][0]["weight_versions"]
+    assert [s["version"] for s in spans] == ["step-7"] and spans[0]["start"] == 0 and spans[0]["end"] == 3
+    _, plain = await complete(target, max_tokens=2)
+    assert "weight_versions" not in plain["choices"][0]
+
+
+async def test_reset_prefix_cache_succeeds_when_idle(engine: EngineClient) -> None:
+    assert await engine.reset_prefix_cache()
+
+
+async def test_full_sleep_mode_transaction(target: Target, engine: EngineClient) -> None:
+    w = target.weights
+    await load_pair(engine, w.verifier_a, w.draft_a, 1)
+    await engine.pause(mode="keep", clear_cache=False)
+    held = asyncio.ensure_future(complete(target, max_tokens=4))
+    await engine.sleep(2)
+    await engine.wake_up(["weights"])
+    v = await engine.load("verifier", w.verifier_b, 2)
+    d = await engine.load("draft", w.draft_b, 2)
+    state = await engine.observe()
+    assert (state.verifier.digest, state.draft and state.draft.digest) == (v.digest, d.digest)
+    await engine.update_weight_version("2")
+    await engine.wake_up(["kv_cache"])
+    assert await engine.reset_prefix_cache()
+    await engine.resume()
+    final = await engine.observe()
+    assert final.serving and final.resident and final.pair == (2, 2) and final.weight_version == "2"
+    status, body = await asyncio.wait_for(held, 30)
+    assert status == 200 and body["choices"][0]["finish_reason"] in ("length", "abort", "stop")
+    _, fresh = await complete(target, max_tokens=5, return_token_ids=True)
+    assert any(t != 0 for t in fresh["choices"][0]["token_ids"])
+
+
+async def test_stale_draft_collapses_spec_decode_acceptance(target: Target, engine: EngineClient) -> None:
+    w = target.weights
+
+    async def acceptance() -> float:
+        before = await engine.metrics()
+        await complete(target, max_tokens=32)
+        after = await engine.metrics()
+        drafted = metric_sum(after, "vllm:spec_decode_num_draft_tokens_total") - metric_sum(
+            before, "vllm:spec_decode_num_draft_tokens_total"
+        )
+        accepted = metric_sum(after, "vllm:spec_decode_num_accepted_tokens_total") - metric_sum(
+            before, "vllm:spec_decode_num_accepted_tokens_total"
+        )
+        assert drafted > 0
+        return accepted / drafted
+
+    await load_pair(engine, w.verifier_a, w.draft_a, 1)
+    assert await acceptance() > 0.5
+    await engine.load("verifier", w.verifier_b, 2)  # draft left at revision 1: the stale-draft failure
+    assert await acceptance() < 0.2
+    await engine.load("draft", w.draft_b, 2)
+    assert await acceptance() > 0.5
