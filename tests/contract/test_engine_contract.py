@@ -11,7 +11,7 @@ import asyncio
 
 import aiohttp
 import pytest
-from conftest import Target, metric_sum
+from contract_support import Target, metric_sum
 
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.adapters.engine_wire import EngineRPCError
@@ -66,7 +66,7 @@ async def test_probe_metrics_and_generation_routes_are_open(target: Target) -> N
 
 async def test_extension_state_reports_both_models(target: Target, engine: EngineClient) -> None:
     await load_pair(engine, target.weights.verifier_a, target.weights.draft_a, 1)
-    (state, *others) = await engine.extension_state()
+    (state, *_) = await engine.extension_state()
     assert state["ok"] is True and state["resident"] is True
     assert isinstance(state["rank"], int)
     assert state["verifier"]["revision"] == 1 and state["verifier"]["path"] == target.weights.verifier_a

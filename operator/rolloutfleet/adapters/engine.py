@@ -36,6 +36,7 @@ from rolloutfleet.adapters.engine_wire import (
     EngineRPCError,
     EngineTimeout,
     EngineUnreachable,
+    state_from_wire,
 )
 from rolloutfleet.api import engine as api
 
@@ -183,12 +184,12 @@ class EngineClient:
         body = await self._call("GET", "/metrics", step="metrics", idempotent=True)
         return body if isinstance(body, str) else json.dumps(body)
 
-    async def collective_rpc(  # noqa: ASYNC109 - ``timeout`` is vLLM's RPC field, not an asyncio deadline
+    async def collective_rpc(
         self,
         method: str,
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - vLLM's RPC field, not an asyncio deadline
         *,
         idempotent: bool = False,
         http_timeout: float | None = None,
@@ -436,44 +437,6 @@ class EnginePool:
 
     def for_address(self, ip: str, port: int = 8000) -> EngineClient:
         return self.client(f"http://{ip}:{port}")
-
-
-def state_from_wire(
-    *, paused: bool, sleeping: bool, weight_version: str | None, states: list[wire.StateResult]
-) -> api.EngineState:
-    """Compose an ``EngineState`` from the four reads (exposed for tests and the pod follower)."""
-    first = states[0]
-    resident = bool(first.get("resident"))
-    draft_wire = first.get("draft")
-    draft = None
-    if draft_wire is not None:
-        policy = draft_wire.get("policy")
-        draft = api.TargetState(
-            revision=draft_wire.get("revision"),
-            digest=draft_wire.get("digest"),
-            path=draft_wire.get("path"),
-            verified=bool(draft_wire.get("verified")),
-            policy=api.DraftPolicy(policy) if policy else None,
-        )
-    verifier = first.get("verifier") or {}
-    return api.EngineState(
-        reachable=True,
-        paused=paused,
-        sleeping=sleeping,
-        sleep_level=api.derive_sleep_level(is_sleeping=sleeping),
-        resident=resident,
-        verifier=api.TargetState(
-            revision=verifier.get("revision"),
-            digest=verifier.get("digest"),
-            path=verifier.get("path"),
-            verified=bool(verifier.get("verified")),
-        ),
-        draft=draft,
-        weight_version=weight_version,
-        draft_method=first.get("draft_method"),
-        shared_tensors=tuple(first.get("shared_tensors") or ()),
-        ranks=len(states),
-    )
 
 
 def _bool(value: bool) -> str:

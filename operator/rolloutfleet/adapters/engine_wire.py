@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
 
+from rolloutfleet.api import engine as api
+
 PauseMode = Literal["keep", "wait", "abort"]
 WakeTag = Literal["weights", "kv_cache"]
 
@@ -116,6 +118,44 @@ class EngineInconsistent(EngineError):  # noqa: N818 - the names the operator's 
 
 class EngineProtocolError(EngineError):
     """The engine answered 2xx with a body we cannot understand (wrong version, missing extension)."""
+
+
+def state_from_wire(
+    *, paused: bool, sleeping: bool, weight_version: str | None, states: list[StateResult]
+) -> api.EngineState:
+    """Compose an ``EngineState`` from the four reads (exposed for tests and the pod follower)."""
+    first = states[0]
+    resident = bool(first.get("resident"))
+    draft_wire = first.get("draft")
+    draft = None
+    if draft_wire is not None:
+        policy = draft_wire.get("policy")
+        draft = api.TargetState(
+            revision=draft_wire.get("revision"),
+            digest=draft_wire.get("digest"),
+            path=draft_wire.get("path"),
+            verified=bool(draft_wire.get("verified")),
+            policy=api.DraftPolicy(policy) if policy else None,
+        )
+    verifier = first.get("verifier") or {}
+    return api.EngineState(
+        reachable=True,
+        paused=paused,
+        sleeping=sleeping,
+        sleep_level=api.derive_sleep_level(is_sleeping=sleeping),
+        resident=resident,
+        verifier=api.TargetState(
+            revision=verifier.get("revision"),
+            digest=verifier.get("digest"),
+            path=verifier.get("path"),
+            verified=bool(verifier.get("verified")),
+        ),
+        draft=draft,
+        weight_version=weight_version,
+        draft_method=first.get("draft_method"),
+        shared_tensors=tuple(first.get("shared_tensors") or ()),
+        ranks=len(states),
+    )
 
 
 def _short(body: Any, limit: int = 300) -> str:

@@ -212,7 +212,7 @@ class SimulatedEngine:
         """Run one step: injected faults and latency first, then the action, then the call log entry."""
         fault = next((f for f in self.faults if f.matches(keys)), None)
         flags: set[FaultKind] = set()
-        step = keys[0]
+        step = keys[1] if keys[0] == "collective_rpc" else keys[0]  # log RPCs by their method name
         if fault is not None:
             fault.fired += 1
             rule = fault.rule
