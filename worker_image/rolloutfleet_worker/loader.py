@@ -1,20 +1,22 @@
 """Stream a safetensors checkpoint into a live model in place, hashing while it streams.
 
 Called by ``rolloutfleet_worker.extension`` inside a vLLM worker (and by the unit tests on CPU). Owns
-the read → hash → hand-over pipeline: a reader thread reads each tensor's stored bytes into a host buffer
-(pinned when the model lives on a GPU, so the host→device copy runs at link speed), feeds the same
-buffer to blake3's multi-threaded hasher, and queues it; the calling thread hands the tensors to
-``model.load_weights`` — vLLM's own per-model loader, which stacks q/k/v, shards for tensor parallelism
-and copies into the existing parameters (CUDA graphs hold their pointers, so nothing is rebound). Reading
-and hashing tensor k+1 overlaps the copies of tensor k. The digest definition lives in
-``rolloutfleet_worker.digest``; this module only feeds it.
+the read → hash → hand-over pipeline: a reader thread mmaps each file, feeds each tensor's stored bytes
+straight from the page cache to blake3's multi-threaded hasher, copies them once into a host buffer
+(pinned when the model lives on a GPU, so the host→device copy runs at link speed) and queues it; the
+calling thread hands the tensors to ``model.load_weights`` — vLLM's own per-model loader, which stacks
+q/k/v, shards for tensor parallelism and copies into the existing parameters (CUDA graphs hold their
+pointers, so nothing is rebound). Reading and hashing tensor k+1 overlaps the copies of tensor k.
+The digest definition lives in ``rolloutfleet_worker.digest``; this module only feeds it.
 """
 
 from __future__ import annotations
 
+import mmap
 import queue
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +26,6 @@ import torch
 
 from rolloutfleet_worker import digest
 
-CHUNK_BYTES = 64 << 20  # large enough for blake3 to spread one update over all cores
 QUEUE_DEPTH = 2  # tensors read ahead; bounds host memory to about three tensors
 
 
@@ -70,18 +71,6 @@ def torch_dtype(name: str, file: Path) -> torch.dtype:
     return dt
 
 
-def _host_buffer(nbytes: int, pin: bool) -> tuple[torch.Tensor, memoryview]:
-    """A uint8 host tensor and a writable memoryview over the same memory (read target and hash input)."""
-    buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
-    try:
-        array: Any = buf.numpy()  # numpy ships with vLLM; a zero-copy view of the tensor's memory
-        return buf, memoryview(array)
-    except (RuntimeError, ImportError):
-        raw = bytearray(nbytes)  # no numpy: pageable bytes, still zero-copy into torch
-        tensor = torch.frombuffer(raw, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
-        return tensor, memoryview(raw)
-
-
 class _Reader(threading.Thread):
     """Reads and hashes every tensor in order; queues those not skipped for the model."""
 
@@ -102,51 +91,55 @@ class _Reader(threading.Thread):
 
     def run(self) -> None:
         try:
-            current: Path | None = None
-            f = None
-            try:
-                for info in self.infos:
-                    if self.stop.is_set():
-                        return
-                    if info.file != current:
-                        if f is not None:
-                            f.close()
-                        current, f = info.file, info.file.open("rb")
-                    assert f is not None
-                    item = self._read(f, info)
-                    if item is not None:
-                        self._put(item)
-            finally:
-                if f is not None:
-                    f.close()
+            by_file: dict[Path, list[digest.TensorInfo]] = {}
+            for info in self.infos:
+                by_file.setdefault(info.file, []).append(info)
+            for file, infos in by_file.items():
+                if not self._read_file(file, infos):
+                    return
             self._put(None)
         except OSError as exc:
-            self.error = digest.CheckpointError(current or "?", f"unreadable: {exc.strerror or exc}")
+            self.error = digest.CheckpointError(getattr(exc, "filename", None) or "?", f"unreadable: {exc}")
             self._put(self.error)
         except BaseException as exc:
             self.error = exc
             self._put(exc)
 
-    def _read(self, f: Any, info: digest.TensorInfo) -> tuple[digest.TensorInfo, torch.Tensor] | None:
+    def _read_file(self, file: Path, infos: list[digest.TensorInfo]) -> bool:
+        """Hash straight from the page cache (mmap, all cores), then one copy into the staging buffer."""
+        with file.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            if mm.size() < max(t.offset + t.nbytes for t in infos):
+                raise digest.CheckpointError(file, "truncated while reading")
+            view = memoryview(mm)
+            try:
+                for info in infos:
+                    if self.stop.is_set():
+                        return False
+                    with view[info.offset : info.offset + info.nbytes] as part:
+                        item = self._read(part, info)
+                    if item is not None:
+                        self._put(item)
+            finally:
+                view.release()
+        return True
+
+    def _read(self, part: memoryview, info: digest.TensorInfo) -> tuple[digest.TensorInfo, torch.Tensor] | None:
         dtype = torch_dtype(info.dtype, info.file)
-        skipped = self.skip(info.name)
-        # Skipped tensors are still read and hashed: the digest covers the whole checkpoint.
-        tensor, view = _host_buffer(info.nbytes, self.pin and not skipped)
         hasher = digest.TensorHasher(info, threads=self.threads)
-        f.seek(info.offset)
-        pos = 0
-        while pos < info.nbytes:
-            part = view[pos : min(info.nbytes, pos + CHUNK_BYTES)]
-            got = f.readinto(part)
-            if not got:
-                raise digest.CheckpointError(info.file, f"truncated while reading tensor {info.name!r}")
-            hasher.update(part[:got])
-            pos += got
+        hasher.update(part)
         self.builder.add(info, hasher.finish())
-        if skipped:
+        # Skipped tensors are still hashed (the digest covers the whole checkpoint) but never copied.
+        if self.skip(info.name):
             self.skipped.append(info.name)
             return None
-        return info, tensor.view(dtype).reshape(info.shape)
+        staged = torch.empty(info.nbytes, dtype=torch.uint8, pin_memory=self.pin)
+        if info.nbytes:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # read-only mmap: torch warns, we only read from it
+                source = torch.frombuffer(part, dtype=torch.uint8)
+            staged.copy_(source)
+            del source  # drop the buffer export before the slice is released
+        return info, staged.view(dtype).reshape(info.shape)
 
     def _put(self, item: object) -> None:
         while not self.stop.is_set():

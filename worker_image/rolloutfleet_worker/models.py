@@ -173,17 +173,17 @@ def fingerprint(model: Any, exclude: Iterable[str] = ()) -> list[float]:
 
 
 def _pointer_mapped(cuda: Any, ptr: int) -> bool:
-    """CU_POINTER_ATTRIBUTE_MAPPED (19) for one device pointer.
+    """CU_POINTER_ATTRIBUTE_MAPPED (13) for one device pointer, via the driver API.
 
-    Measured on the H200 (driver API via ctypes): a mapped pointer gives CUDA_SUCCESS and a one-byte
-    true; a reserved-but-unmapped address (what vLLM's CuMemAllocator leaves while asleep) gives
-    CUDA_ERROR_INVALID_VALUE. The attribute is a C bool, so only the first byte is read.
+    A reserved-but-unmapped address (what vLLM's CuMemAllocator leaves while asleep) answers
+    CUDA_ERROR_INVALID_VALUE or false; checked on the H200 against cuMemAddressReserve/cuMemMap/cuMemUnmap.
+    The attribute is a C bool, so the zeroed buffer is read as "any byte set".
     """
     import ctypes
 
     out = (ctypes.c_ubyte * 8)()
-    rc = cuda.cuPointerGetAttribute(ctypes.byref(out), ctypes.c_int(19), ctypes.c_uint64(ptr))
-    return rc == 0 and out[0] != 0
+    rc = cuda.cuPointerGetAttribute(ctypes.byref(out), ctypes.c_int(13), ctypes.c_uint64(ptr))
+    return rc == 0 and any(out[:4])
 
 
 def weights_mapped(model: Any, names: Iterable[str] | None = None) -> bool:

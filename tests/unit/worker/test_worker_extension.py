@@ -270,3 +270,35 @@ def test_state_never_raises() -> None:
     assert res["ok"] is True or res["error"]["code"] == "internal"
     res2 = Broken().rolloutfleet_load("verifier", "/tmp", 1)
     assert res2["ok"] is False
+
+
+def test_asleep_weights_are_not_read(ckpt: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    w = WorkerV1()
+    assert load(w, "verifier", ckpt["v1"], 1)["ok"]
+    monkeypatch.setattr(models, "weights_mapped", lambda model, names=None: False)
+    monkeypatch.setattr(models, "fingerprint", lambda *a: pytest.fail("read unmapped memory"))
+    state = w.rolloutfleet_state()
+    assert state["ok"] and state["resident"] is False and state["verifier"]["revision"] is None
+    res = load(w, "verifier", ckpt["v1"], 1)
+    assert res["ok"] is False and res["error"]["code"] == "order" and "wake_up" in res["error"]["message"]
+    monkeypatch.undo()  # level-1 wake: same contents back, not a loss
+    state = w.rolloutfleet_state()
+    assert state["ok"] and state["resident"] is True and state["verifier"]["revision"] == 1
+
+
+def test_pointer_mapped_reads_the_driver_answer() -> None:
+    import ctypes
+
+    class Driver:
+        def __init__(self, rc: int, value: int) -> None:
+            self.rc, self.value = rc, value
+
+        def cuPointerGetAttribute(self, out: Any, attr: Any, ptr: Any) -> int:
+            assert attr.value == 13  # CU_POINTER_ATTRIBUTE_MAPPED
+            ctypes.cast(out, ctypes.POINTER(ctypes.c_ubyte))[0] = self.value
+            return self.rc
+
+    assert models._pointer_mapped(Driver(0, 1), 0x1000) is True
+    assert models._pointer_mapped(Driver(0, 0), 0x1000) is False
+    assert models._pointer_mapped(Driver(1, 0), 0x1000) is False  # CUDA_ERROR_INVALID_VALUE: unmapped
+    assert models.weights_mapped(TinyLlama()) is True  # CPU parameters: nothing to check
