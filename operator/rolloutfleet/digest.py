@@ -16,6 +16,11 @@ from typing import TextIO
 
 from rolloutfleet_worker import digest as wdigest
 
+# The one definition of the digest, re-exported for the operator side (publish, simulator, tests).
+digest_directory = wdigest.digest_directory
+DIGEST_PATTERN = wdigest.DIGEST_PATTERN
+CheckpointError = wdigest.CheckpointError
+
 _MIN_PROGRESS_BYTES = 256 << 20  # small checkpoints finish before a progress line would help
 
 

@@ -7,6 +7,8 @@ in one place (``_temporary``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from typing import Any
@@ -17,6 +19,7 @@ from rolloutfleet.adapters.kube import Kube, KubeError
 from rolloutfleet.api import common
 from rolloutfleet.metrics import Metrics
 from rolloutfleet.reconcile import fleet as fleet_reconcile
+from rolloutfleet.reconcile import revision as revision_reconcile
 from rolloutfleet.reconcile.context import OperatorContext
 
 GROUP, VERSION = common.GROUP, common.VERSION
@@ -64,7 +67,7 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
 async def _fleet(memo: kopf.Memo, body: kopf.Body) -> None:
     ctx: OperatorContext = memo.ctx
     try:
-        outcome = await fleet_reconcile.reconcile_fleet(ctx, dict(body))
+        outcome = await fleet_reconcile.reconcile_fleet(ctx, _plain(body))
     except KubeError as exc:
         raise _temporary(exc) from exc
     ctx.metrics.fleets.set(len(getattr(memo, "seen_fleets", ())))
@@ -96,3 +99,78 @@ async def fleet_resync(memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
 async def fleet_deleted(memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
     """Children go with their owner references; only forget the fleet's metrics."""
     memo.setdefault("seen_fleets", set()).discard((body["metadata"]["namespace"], body["metadata"]["name"]))
+
+
+REVISIONS = "weightrevisions"
+IDLE_SECONDS = float(os.environ.get("ROLLOUTFLEET_IDLE_SECONDS", "5"))
+
+
+def _plain(obj: Any) -> Any:
+    """A deep plain-dict copy of a kopf view (our reconcilers may mutate what they are given)."""
+    if isinstance(obj, dict) or hasattr(obj, "keys"):
+        return {k: _plain(obj[k]) for k in obj}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+@kopf.daemon(GROUP, VERSION, FLEETS, cancellation_timeout=10)
+async def revision_loop(
+    memo: kopf.Memo,
+    namespace: str | None,
+    name: str,
+    stopped: kopf.DaemonStopped,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    **_: Any,
+) -> None:
+    """The fleet's weight-update loop: passes of ``reconcile_revisions`` until the fleet goes away.
+
+    A pass runs again at once when it asks to, when a WeightRevision changes (a kick), or after
+    ``IDLE_SECONDS`` (pods may have come back, an operator before us may have left work half done).
+    """
+    ctx: OperatorContext = memo.ctx
+    assert namespace is not None  # RolloutFleet is namespaced
+    memory = ctx.memory(namespace, name)
+    while not stopped:
+        memory.kick.clear()
+        try:
+            outcome = await revision_reconcile.reconcile_revisions(ctx, namespace, name, memory, memory.kick.is_set)
+        except KubeError as exc:
+            logger.warning("revision pass: %s", exc)
+            outcome = revision_reconcile.PassOutcome()
+        except Exception:
+            logger.exception("revision pass failed")
+            outcome = revision_reconcile.PassOutcome()
+        if outcome.again:
+            continue
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(memory.kick.wait(), timeout=IDLE_SECONDS if outcome.idle else 1.0)
+    if memory.pool is not None:
+        await memory.pool.close()
+    ctx.fleets.pop((namespace, name), None)
+
+
+def _kick(memo: kopf.Memo, namespace: str | None, spec: Any) -> None:
+    fleet = (spec or {}).get("fleetRef", {}).get("name")
+    ctx: OperatorContext | None = getattr(memo, "ctx", None)
+    if ctx is not None and fleet and namespace:
+        ctx.memory(namespace, fleet).kick.set()
+
+
+@kopf.on.create(GROUP, VERSION, REVISIONS)
+@kopf.on.update(GROUP, VERSION, REVISIONS)
+@kopf.on.resume(GROUP, VERSION, REVISIONS)
+@kopf.on.delete(GROUP, VERSION, REVISIONS, optional=True)
+async def revision_changed(memo: kopf.Memo, namespace: str | None, spec: kopf.Spec, **_: Any) -> None:
+    """A revision appeared or changed: wake its fleet's loop (which validates and rolls it)."""
+    _kick(memo, namespace, _plain(spec))
+
+
+@kopf.timer(GROUP, VERSION, REVISIONS, interval=RESYNC_SECONDS, idle=RESYNC_SECONDS)
+async def revision_orphan_check(memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
+    """Report a revision whose fleet does not exist (yet): Pending, Ready=False/FleetNotFound."""
+    ctx: OperatorContext = memo.ctx
+    try:
+        await revision_reconcile.report_orphan(ctx, _plain(body))
+    except KubeError as exc:
+        raise _temporary(exc) from exc

@@ -8,6 +8,7 @@ revision/draftRevision/step/weightVersion) belong to the revision loop and are c
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from rolloutfleet.api import conditions
@@ -16,6 +17,17 @@ from rolloutfleet.api.fleet import PodState, RolloutFleetSpec, RolloutFleetStatu
 from rolloutfleet.resources import labels
 
 Manifest = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSummary:
+    """What the revision loop last saw of one engine (for the fleet's per-pod status)."""
+
+    revision: int | None
+    draft_revision: int | None
+    step: str | None
+    weight_version: str | None
+
 
 AVAILABLE, PROGRESSING, DEGRADED = "Available", "Progressing", "Degraded"
 
@@ -45,8 +57,9 @@ def observed(
     generation: int,
     sts: Manifest | None,
     pods: list[Manifest],
+    engines: dict[str, EngineSummary] | None = None,
 ) -> RolloutFleetStatus:
-    """The status of a valid fleet."""
+    """The status of a valid fleet; ``engines`` is the revision loop's latest view of each engine."""
     previous = {p.name: p for p in old.pods}
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     sts_status = (sts or {}).get("status") or {}
@@ -55,6 +68,15 @@ def observed(
     for pod in sorted(live, key=lambda p: _ordinal(p["metadata"]["name"])):
         name = pod["metadata"]["name"]
         carried = previous.get(name)
+        seen = (engines or {}).get(name)
+        if seen is not None:
+            carried = PodState(
+                name=name,
+                revision=seen.revision,
+                draft_revision=seen.draft_revision,
+                step=seen.step,
+                weight_version=seen.weight_version,
+            )
         entries.append(
             PodState(
                 name=name,

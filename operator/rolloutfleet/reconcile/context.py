@@ -6,10 +6,33 @@ Built once by the handlers at operator start-up and kept in kopf's memo; passed 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
+from rolloutfleet.adapters.engine import EnginePool
 from rolloutfleet.adapters.kube import Kube
+from rolloutfleet.api.engine import EngineState
 from rolloutfleet.metrics import Metrics
+
+
+@dataclasses.dataclass
+class FleetMemory:
+    """Per-fleet bookkeeping of the revision loop that may be lost at any time without harm.
+
+    Nothing here decides where a pod is (that comes from the engines); it holds retry counts (mirrored in
+    the WeightRevision status, which seeds them after a restart), step durations for timings, the last
+    engine observations for the fleet's status, and the engine connection pool.
+    """
+
+    attempts: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    durations: dict[str, dict[str, list[float]]] = dataclasses.field(default_factory=dict)
+    unreachable_since: dict[str, float] = dataclasses.field(default_factory=dict)
+    started: dict[str, float] = dataclasses.field(default_factory=dict)
+    engine_view: dict[str, EngineState] = dataclasses.field(default_factory=dict)
+    steps: dict[str, str] = dataclasses.field(default_factory=dict)
+    pool: EnginePool | None = None
+    pool_token: str | None = None
+    kick: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
 
 @dataclasses.dataclass
@@ -19,3 +42,8 @@ class OperatorContext:
     kube: Kube
     metrics: Metrics
     operator_namespace: str | None = None
+    fleets: dict[tuple[str, str], FleetMemory] = dataclasses.field(default_factory=dict)
+
+    def memory(self, namespace: str, name: str) -> FleetMemory:
+        """The bookkeeping of one fleet (created on first use)."""
+        return self.fleets.setdefault((namespace, name), FleetMemory())

@@ -59,13 +59,29 @@ async def reconcile_fleet(ctx: OperatorContext, body: Manifest) -> FleetOutcome:
         await ctx.kube.apply(manifest)
     sts = await ctx.kube.get("apps/v1", "StatefulSet", namespace, labels.statefulset_name(name))
     pods = await ctx.kube.list("v1", "Pod", namespace, labels.selector_string(name))
-    new_status = fleet_status.observed(old_status, spec, name, generation, sts, pods)
+    new_status = fleet_status.observed(old_status, spec, name, generation, sts, pods, _engines(ctx, namespace, name))
     ctx.metrics.replicas_ready.labels(namespace, name).set(new_status.ready_replicas)
     written = await _write_status(ctx, body, old_status, new_status)
     if written:
         await _events_for_flips(ctx, body, old_status, new_status)
     ctx.metrics.reconciles.labels("RolloutFleet", "ok").inc()
     return FleetOutcome(valid=True, applied=len(desired), status_written=written)
+
+
+def _engines(ctx: OperatorContext, namespace: str, name: str) -> dict[str, fleet_status.EngineSummary]:
+    memory = ctx.fleets.get((namespace, name))
+    if memory is None:
+        return {}
+    return {
+        pod: fleet_status.EngineSummary(
+            revision=state.verifier.revision,
+            draft_revision=state.draft.revision if state.draft is not None else None,
+            step=memory.steps.get(pod),
+            weight_version=state.weight_version,
+        )
+        for pod, state in memory.engine_view.items()
+        if state.reachable
+    }
 
 
 def _parse_status(raw: object) -> RolloutFleetStatus:

@@ -1,0 +1,156 @@
+"""Pure construction of a WeightRevision's status from one pass's observations.
+
+Called by ``reconcile.revision``. Builds per-pod progress (step, digests, attempts, last error), the
+updated count, per-step timings and the Ready/Progressing/Verified conditions; timestamps of conditions
+move only on flips, so rebuilding from the same observations writes nothing.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from rolloutfleet.api import conditions
+from rolloutfleet.api.engine import EngineState
+from rolloutfleet.api.revision import Phase, PodProgress, StepTiming, WeightRevisionStatus
+from rolloutfleet.planning import revisions
+from rolloutfleet.planning.transaction import Decision, Goal, Step
+
+READY, PROGRESSING, VERIFIED = "Ready", "Progressing", "Verified"
+
+
+def _timings(durations: dict[str, list[float]]) -> list[StepTiming]:
+    return [
+        StepTiming(
+            step=step,
+            count=len(values),
+            median_seconds=round(statistics.median(values), 4),
+            max_seconds=round(max(values), 4),
+        )
+        for step, values in sorted(durations.items())
+        if values
+    ]
+
+
+def progressing(
+    old: WeightRevisionStatus,
+    *,
+    goal: Goal,
+    order: list[str],
+    states: dict[str, EngineState],
+    decisions: dict[str, Decision],
+    attempts: dict[str, int],
+    messages: dict[str, str],
+    durations: dict[str, list[float]],
+    total: int,
+    rolling_back: bool,
+    generation: int,
+) -> WeightRevisionStatus:
+    """The status while a pass works (also after its last round)."""
+    pods = []
+    for name in order:
+        state = states.get(name)
+        decision = decisions.get(name)
+        pods.append(
+            PodProgress(
+                name=name,
+                step=decision.step.value if decision else "Pending",
+                verifier_digest=state.verifier.digest if state else None,
+                draft_digest=state.draft.digest if state and state.draft else None,
+                attempts=attempts.get(name, 0),
+                message=messages.get(name),
+            )
+        )
+    updated = 0 if rolling_back else sum(1 for d in decisions.values() if d.step == Step.DONE)
+    verified_pods = sum(1 for d in decisions.values() if d.step in (Step.DONE, Step.RESUME))
+    conds = list(old.conditions)
+    conds = conditions.set_condition(
+        conds,
+        READY,
+        False,
+        "RollingBack" if rolling_back else "InProgress",
+        f"{updated}/{total} pods serve revision {goal.revision}" if not rolling_back else old.message or "rolling back",
+        observed_generation=generation,
+    )
+    conds = conditions.set_condition(
+        conds,
+        PROGRESSING,
+        True,
+        "RollingBack" if rolling_back else "UpdatingPods",
+        f"{verified_pods}/{total} pods loaded and verified",
+        observed_generation=generation,
+    )
+    if not rolling_back:
+        conds = conditions.set_condition(
+            conds,
+            VERIFIED,
+            verified_pods >= total and total > 0,
+            "DigestsMatch" if verified_pods >= total else "Verifying",
+            f"{verified_pods}/{total} pods report the expected digests",
+            observed_generation=generation,
+        )
+    return old.model_copy(
+        update={
+            "observed_generation": generation,
+            "phase": Phase.PROGRESSING,
+            "pods_updated": updated,
+            "pods_total": total,
+            "updated": f"{updated}/{total}",
+            "start_time": old.start_time or conditions.now(),
+            "pods": pods,
+            "timings": _timings(durations) or old.timings,
+            "conditions": conds,
+        }
+    )
+
+
+def rolling_back(old: WeightRevisionStatus, message: str, generation: int) -> WeightRevisionStatus:
+    """The decision to roll back, recorded so a restarted operator keeps rolling back."""
+    conds = conditions.set_condition(
+        list(old.conditions), READY, False, revisions.ROLLING_BACK, message, observed_generation=generation
+    )
+    conds = conditions.set_condition(conds, VERIFIED, False, "UpdateFailed", message, observed_generation=generation)
+    return old.model_copy(
+        update={
+            "phase": Phase.PROGRESSING,
+            "reason": revisions.ROLLING_BACK,
+            "message": message,
+            "pods": [p.model_copy(update={"attempts": 0}) for p in old.pods],
+            "conditions": conds,
+        }
+    )
+
+
+def finalized(
+    old: WeightRevisionStatus, phase: Phase, reason: str, message: str, generation: int
+) -> WeightRevisionStatus:
+    """A final phase with its conditions."""
+    ok = phase == Phase.SUCCEEDED
+    conds = conditions.set_condition(list(old.conditions), READY, ok, reason, message, observed_generation=generation)
+    conds = conditions.set_condition(conds, PROGRESSING, False, reason, message, observed_generation=generation)
+    if ok:
+        conds = conditions.set_condition(conds, VERIFIED, True, "DigestsMatch", message, observed_generation=generation)
+    elif conditions.find(conds, VERIFIED) is None:
+        conds = conditions.set_condition(conds, VERIFIED, False, reason, message, observed_generation=generation)
+    updated = old.pods_total if ok else 0
+    return old.model_copy(
+        update={
+            "observed_generation": generation,
+            "phase": phase,
+            "reason": reason,
+            "message": message,
+            "pods_updated": updated if ok else old.pods_updated if phase == Phase.SUPERSEDED else 0,
+            "updated": f"{updated if ok else 0}/{old.pods_total}",
+            "completion_time": conditions.now(),
+            "conditions": conds,
+        }
+    )
+
+
+def waiting_for_fleet(old: WeightRevisionStatus, message: str, generation: int) -> WeightRevisionStatus:
+    """A revision whose fleet does not exist: it stays Pending (GitOps may create the fleet later)."""
+    conds = conditions.set_condition(
+        list(old.conditions), READY, False, "FleetNotFound", message, observed_generation=generation
+    )
+    return old.model_copy(
+        update={"observed_generation": generation, "phase": Phase.PENDING, "message": message, "conditions": conds}
+    )

@@ -1,0 +1,87 @@
+"""Pure rollout arithmetic: which pods may take their next step now, under the strategy's budget.
+
+Called by ``reconcile.revision`` once per round with every pod's ``transaction.Decision``. Pods already
+out of service always continue (leaving them paused would be worse than any budget); new pods are admitted
+while the budget allows; canaries go first; under ``AllAtOnce`` no pod resumes before every pod is ready
+to (the barrier). Load concurrency (``maxConcurrentLoads``) is enforced by the executor's semaphore.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from rolloutfleet.api.fleet import RolloutType, UpdateMode, UpdateStrategy
+from rolloutfleet.api.revision import StrategyOverride
+from rolloutfleet.planning.transaction import Decision, Step
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """The effective strategy of one revision on one fleet."""
+
+    mode: UpdateMode
+    rollout: RolloutType
+    max_unavailable: int
+    max_concurrent_loads: int | None
+    canary: int
+    max_retries: int
+
+
+def resolve_max_unavailable(value: int | str, total: int) -> int:
+    """An integer, or a percentage of ``total`` rounded down, never below 1."""
+    if isinstance(value, str) and value.endswith("%"):
+        return max(1, math.floor(total * int(value[:-1]) / 100))
+    return max(1, int(value))
+
+
+def budget(strategy: UpdateStrategy, override: StrategyOverride | None, total: int) -> Budget:
+    """Merge the fleet's strategy with a revision's override."""
+    o = override or StrategyOverride()
+    return Budget(
+        mode=o.mode or strategy.mode,
+        rollout=o.rollout or strategy.rollout,
+        max_unavailable=resolve_max_unavailable(
+            o.max_unavailable if o.max_unavailable is not None else strategy.max_unavailable, total
+        ),
+        max_concurrent_loads=o.max_concurrent_loads or strategy.max_concurrent_loads,
+        canary=min(o.canary if o.canary is not None else strategy.canary, total),
+        max_retries=strategy.max_retries,
+    )
+
+
+def out_of_service(decision: Decision) -> bool:
+    """The pod is paused or asleep for this transaction (it needs no PAUSE and is not done)."""
+    return decision.step not in (Step.DONE, Step.PAUSE, Step.UNREACHABLE)
+
+
+def admit(decisions: dict[str, Decision], order: list[str], plan: Budget) -> dict[str, Decision]:
+    """The decisions to execute this round (a subset of ``decisions``; verdicts are never returned)."""
+    canaries = order[: plan.canary]
+    canaries_done = all(decisions[p].step == Step.DONE for p in canaries if p in decisions)
+    busy = sum(1 for d in decisions.values() if out_of_service(d))
+    limit = plan.max_unavailable if plan.rollout == RolloutType.ROLLING else len(order)
+    barrier_open = all(
+        decisions[p].step in (Step.DONE, Step.RESUME) for p in order if p in decisions and p not in canaries
+    )
+    chosen: dict[str, Decision] = {}
+    for name in order:
+        decision = decisions.get(name)
+        if decision is None or decision.step in (Step.DONE, Step.UNREACHABLE):
+            continue
+        is_canary = name in canaries
+        if decision.step == Step.PAUSE:
+            if not is_canary and not canaries_done:
+                continue
+            if busy >= limit:
+                continue
+            busy += 1
+        elif (
+            decision.step == Step.RESUME
+            and plan.rollout == RolloutType.ALL_AT_ONCE
+            and not is_canary
+            and not barrier_open
+        ):
+            continue  # the barrier: nobody resumes on the new weights before everyone can
+        chosen[name] = decision
+    return chosen

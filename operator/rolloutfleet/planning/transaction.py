@@ -1,0 +1,160 @@
+"""The per-pod weight-update transaction as a pure function of what the engine reports.
+
+Called by ``reconcile.revision`` before every step of every pod: ``next_step(goal, state)`` says what to
+do next to bring one engine to ``goal``. It never reads a stored cursor: pause, sleep, loads, verification
+and the weight version are all read back from the engine (``api.engine.EngineState``), so an operator
+restart, a retried step or a manual poke converges from wherever the engine is.
+
+Mode ``sleep``:    pause(keep) → sleep(2) → [wake(weights) + load verifier] → load draft → verify →
+                   set weight version → [wake(kv_cache) + reset prefix cache + resume]
+Mode ``inflight``: pause(keep) → load verifier → load draft → verify → set weight version →
+                   [reset prefix cache + resume]
+
+Bracketed steps are idempotent compositions: vLLM does not report a sleep level, and waking something
+awake is harmless, so the wake goes with the step that needs it. The draft is loaded only once the
+verifier holds (and has a digest for) the same revision; a frozen draft is only ever restored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from rolloutfleet.api.engine import EngineState
+
+INITIAL_REVISION = 0  # the weights a fleet starts with (spec.verifier.path / spec.draft.path)
+
+
+class Step(enum.StrEnum):
+    """What to do next to one engine (the first group are actions, the rest are verdicts)."""
+
+    PAUSE = "Pause"
+    SLEEP = "Sleep"
+    LOAD_VERIFIER = "LoadVerifier"
+    LOAD_DRAFT = "LoadDraft"
+    RESTORE_DRAFT = "RestoreDraft"
+    SET_VERSION = "SetWeightVersion"
+    RESUME = "Resume"
+    DONE = "Done"
+    VERIFY_FAILED = "VerifyFailed"
+    UNREACHABLE = "Unreachable"
+
+
+ACTIONS = frozenset(
+    {Step.PAUSE, Step.SLEEP, Step.LOAD_VERIFIER, Step.LOAD_DRAFT, Step.RESTORE_DRAFT, Step.SET_VERSION, Step.RESUME}
+)
+LOAD_STEPS = frozenset({Step.LOAD_VERIFIER, Step.LOAD_DRAFT, Step.RESTORE_DRAFT})
+
+
+@dataclasses.dataclass(frozen=True)
+class Goal:
+    """The weights one engine must end up serving."""
+
+    revision: int
+    verifier_path: str
+    sleep_mode: bool
+    verifier_digest: str | None = None
+    draft_path: str | None = None  # co-updated draft checkpoint; None: no draft or a frozen one
+    draft_digest: str | None = None
+    frozen_draft_path: str | None = None  # set when the fleet's draft is frozen
+    frozen_draft_digest: str | None = None
+    reset_prefix_cache: bool = False  # prefix caching is on: a cache must not serve KV of old weights
+
+    @property
+    def weight_version(self) -> str:
+        """The weight version stamped on outputs: the revision number."""
+        return str(self.revision)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """The next step for one engine and why."""
+
+    step: Step
+    reason: str = ""
+
+
+def verifier_ok(goal: Goal, state: EngineState) -> bool:
+    """The verifier holds the goal's checkpoint, loaded through the extension (so it has a digest)."""
+    v = state.verifier
+    if v.revision != goal.revision or v.digest is None:
+        return False
+    return goal.verifier_digest is None or v.digest == goal.verifier_digest
+
+
+def draft_ok(goal: Goal, state: EngineState) -> bool:
+    """The draft holds what the goal says: the same revision (co-update) or the frozen checkpoint."""
+    draft = state.draft
+    if draft is None:
+        return True  # the engine has no draft model
+    if goal.frozen_draft_path is not None:
+        if draft.digest is None:
+            # Untouched since start-up (never discarded) only counts where nothing ever slept.
+            return not goal.sleep_mode and draft.revision is None and state.resident
+        return goal.frozen_draft_digest is None or draft.digest == goal.frozen_draft_digest
+    if goal.draft_path is None:
+        return True  # a draft without weights of its own (MTP): nothing to load
+    if draft.revision != goal.revision or draft.digest is None:
+        return False
+    return goal.draft_digest is None or draft.digest == goal.draft_digest
+
+
+def digest_mismatch(goal: Goal, state: EngineState) -> str | None:
+    """Why the loaded revision does not verify against the expected digests, if it does not."""
+    v, d = state.verifier, state.draft
+    if v.revision == goal.revision and v.digest is not None and goal.verifier_digest not in (None, v.digest):
+        return f"verifier digest {v.digest} != expected {goal.verifier_digest}"
+    if (
+        d is not None
+        and goal.draft_path is not None
+        and d.revision == goal.revision
+        and d.digest is not None
+        and goal.draft_digest not in (None, d.digest)
+    ):
+        return f"draft digest {d.digest} != expected {goal.draft_digest}"
+    if (
+        d is not None
+        and goal.frozen_draft_path is not None
+        and d.digest is not None
+        and goal.frozen_draft_digest not in (None, d.digest)
+    ):
+        return f"frozen draft digest {d.digest} != recorded {goal.frozen_draft_digest}"
+    return None
+
+
+def at_goal(goal: Goal, state: EngineState) -> bool:
+    """Holds the goal's pair, verified, stamped with its weight version (whether or not it serves yet)."""
+    return (
+        state.reachable
+        and verifier_ok(goal, state)
+        and draft_ok(goal, state)
+        and state.weight_version == goal.weight_version
+    )
+
+
+def next_step(goal: Goal, state: EngineState) -> Decision:
+    """The next step that moves this engine toward ``goal`` (pure; derived from ``state`` alone)."""
+    if not state.reachable:
+        return Decision(Step.UNREACHABLE, state.error or "engine did not answer")
+    in_service = not state.paused and not state.sleeping
+    if at_goal(goal, state):
+        return Decision(Step.DONE if in_service else Step.RESUME, "loaded and verified")
+    if in_service:
+        return Decision(Step.PAUSE, "serving other weights")
+    mismatch = digest_mismatch(goal, state)
+    if mismatch is not None:
+        return Decision(Step.VERIFY_FAILED, mismatch)
+    if not verifier_ok(goal, state):
+        if goal.sleep_mode and state.resident:
+            return Decision(Step.SLEEP, "weights still resident: free them (level 2) before the load")
+        return Decision(Step.LOAD_VERIFIER, f"verifier holds revision {state.verifier.revision}")
+    if not draft_ok(goal, state):
+        if goal.frozen_draft_path is not None:
+            return Decision(Step.RESTORE_DRAFT, "frozen draft discarded by the sleep")
+        return Decision(Step.LOAD_DRAFT, "verifier verified; draft behind")
+    return Decision(Step.SET_VERSION, f"weight version {state.weight_version!r}")
+
+
+def ready_to_resume(goal: Goal, state: EngineState) -> bool:
+    """Loaded, verified and stamped, but still paused: what the AllAtOnce barrier waits for."""
+    return next_step(goal, state).step == Step.RESUME

@@ -1,0 +1,104 @@
+"""Simulated engines for operator integration tests: a pod follower on a background event loop,
+tiny real safetensors checkpoints, and call-log analysis (order, barrier, concurrency, mixed pairs)."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import numpy as np
+from kubernetes import client
+from safetensors.numpy import save_file
+
+from rolloutfleet.sim.config import Latencies, WeightsConfig
+from rolloutfleet.sim.follower import PodFollower
+
+T = TypeVar("T")
+
+
+def write_checkpoint(directory: pathlib.Path, seed: int, tensors: int = 3) -> pathlib.Path:
+    """A small real checkpoint whose content depends on ``seed``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    save_file(
+        {f"layers.{i}.weight": rng.standard_normal((16, 16)).astype(np.float32) for i in range(tensors)},
+        str(directory / "model.safetensors"),
+    )
+    return directory
+
+
+class FollowerThread:
+    """Runs a ``PodFollower`` on its own event loop in a daemon thread."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, fleet: str, latencies: Latencies | None = None) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.follower = PodFollower(
+            api,
+            namespace,
+            fleet,
+            weights=WeightsConfig(synthetic_root=None),
+            latencies=latencies or Latencies(),
+            interval=0.2,
+        )
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name=f"follower-{fleet}")
+        self._thread.start()
+        self._task = asyncio.run_coroutine_threadsafe(self.follower.run(), self.loop)
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def engines(self) -> int:
+        async def count() -> int:
+            return 0 if self.follower.sim is None else len(self.follower.sim.engines)
+
+        return self.call(count())
+
+    def logs(self) -> dict[str, list[dict[str, Any]]]:
+        async def read() -> dict[str, list[dict[str, Any]]]:
+            sim = self.follower.sim
+            return {} if sim is None else {k: list(e.log.entries) for k, e in sim.engines.items()}
+
+        return self.call(read())
+
+    def stop(self) -> None:
+        self._task.cancel()
+        try:
+            self._task.result(timeout=10)
+        except BaseException:
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+
+
+def ok_calls(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """State-changing calls that succeeded (status 200), in order."""
+    return [e for e in log if e.get("status") == 200]
+
+
+def step_names(log: list[dict[str, Any]]) -> list[str]:
+    return [str(e.get("key") or e["step"]) for e in ok_calls(log)]
+
+
+def out_of_service_intervals(log: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(pause, resume) time pairs of one engine."""
+    out, start = [], None
+    for e in ok_calls(log):
+        name = str(e.get("key") or e["step"])
+        if name.startswith("pause") and start is None:  # "pause:keep"
+            start = e["t"]
+        elif name.startswith("resume") and start is not None:
+            out.append((start, e["t"]))
+            start = None
+    return out
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    events = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals], key=lambda x: (x[0], x[1]))
+    best = cur = 0
+    for _, delta in events:
+        cur += delta
+        best = max(best, cur)
+    return best
