@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from operator_helpers import GROUP, VERSION, condition, eventually, fleet_manifest, get_fleet, weights_volume
-from sim_harness import FollowerThread, step_names, write_checkpoint
+from sim_harness import FollowerThread, max_overlap, out_of_service_intervals, step_names, write_checkpoint
 
 from rolloutfleet.api import vllm_flags  # noqa: F401 - keeps the operator package importable here
 from rolloutfleet.digest import digest_directory
@@ -146,3 +146,102 @@ def test_all_at_once_sleep_mode_barrier(
         timeout=30,
         what="fleet pods at revision 1",
     )
+
+
+INFLIGHT_ORDER = [
+    "pause:keep",
+    "rolloutfleet_load:verifier",
+    "rolloutfleet_load:draft",
+    "update_weight_version",
+    "resume",
+]
+
+
+def test_rolling_inflight_then_bad_path_rolls_back(
+    sim_fleet: tuple[FollowerThread, pathlib.Path], k8s_api: client.ApiClient, namespace: str
+) -> None:
+    follower, root = sim_fleet
+    api = client.CustomObjectsApi(k8s_api)
+    make_fleet(api, namespace, root, "pol", 8, mode="inflight", rollout="Rolling", maxUnavailable=2)
+    wait_engines(api, follower, namespace, 8)
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, "weightrevisions", wrev("step-1", "pol", 1, root))
+    done = eventually(
+        lambda: phase_is(api, namespace, "step-1", "Succeeded", "Failed", "RolledBack"), timeout=120, what="step-1"
+    )
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    logs = follower.logs()
+    intervals = []
+    for key, log in logs.items():
+        assert [n for n in step_names(log) if n in INFLIGHT_ORDER] == INFLIGHT_ORDER, key
+        assert "sleep:2" not in step_names(log)
+        intervals += out_of_service_intervals(log)
+    assert max_overlap(intervals) <= 2, "more than maxUnavailable pods out of service at once"
+    assert max_overlap(intervals) == 2, "Rolling never used its budget"
+
+    # A revision whose checkpoint does not exist: the engines' loads fail, the pods fail closed and are
+    # rolled back to revision 1, and no pod ever serves a mixed or unverified pair.
+    bad = wrev("step-2", "pol", 2, root, verifier=str(root / "policy/missing/verifier"))
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, "weightrevisions", bad)
+    done = eventually(
+        lambda: phase_is(api, namespace, "step-2", "Succeeded", "Failed", "RolledBack"), timeout=120, what="step-2"
+    )
+    assert done["status"]["phase"] == "RolledBack", done["status"]
+    assert "missing" in done["status"]["message"]
+    fleet = get_fleet(api, namespace, "pol")
+    assert fleet["status"]["currentRevision"] == 1
+    eventually(
+        lambda: all(
+            p.get("revision") == 1 and p.get("step") == "Done"
+            for p in get_fleet(api, namespace, "pol")["status"]["pods"]
+        ),
+        timeout=30,
+        what="all pods back on revision 1 and serving",
+    )
+    for key, log in follower.logs().items():
+        calls = [e for e in log if e.get("status") == 200]
+        assert calls[-1]["step"] == "resume", (key, calls[-1])  # none left paused
+        state = calls[-1].get("state") or {}
+        assert not state.get("mixed"), (key, state)
+
+
+def test_newer_revision_supersedes_and_invalid_ones_are_refused(
+    sim_fleet: tuple[FollowerThread, pathlib.Path], k8s_api: client.ApiClient, namespace: str
+) -> None:
+    follower, root = sim_fleet
+    api = client.CustomObjectsApi(k8s_api)
+    make_fleet(api, namespace, root, "pol", 3, maxConcurrentLoads=1)
+    wait_engines(api, follower, namespace, 3)
+    # Slow loads so that step-1 is still rolling when step-2 arrives.
+    follower.call(_slow_loads(follower, 0.6))
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, "weightrevisions", wrev("step-1", "pol", 1, root))
+    eventually(lambda: phase_is(api, namespace, "step-1", "Progressing"), timeout=30, what="step-1 progressing")
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, "weightrevisions", wrev("step-2", "pol", 2, root))
+    one = eventually(
+        lambda: phase_is(api, namespace, "step-1", "Superseded", "Succeeded"), timeout=60, what="step-1 final"
+    )
+    assert one["status"]["phase"] == "Superseded"
+    two = eventually(
+        lambda: phase_is(api, namespace, "step-2", "Succeeded", "Failed", "RolledBack"), timeout=120, what="step-2"
+    )
+    assert two["status"]["phase"] == "Succeeded", two["status"]
+    assert get_fleet(api, namespace, "pol")["status"]["currentRevision"] == 2
+    for log in follower.logs().values():
+        last = [e for e in log if e.get("status") == 200][-1]
+        assert last["step"] == "resume"  # nobody left paused or asleep by the superseded revision
+
+    # Refused without touching an engine: not newer, duplicate number.
+    before = {k: len(v) for k, v in follower.logs().items()}
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, "weightrevisions", wrev("old", "pol", 1, root))
+    refused = eventually(lambda: phase_is(api, namespace, "old", "Failed"), timeout=30, what="old refused")
+    assert refused["status"]["reason"] == "NotNewer"
+    assert "must be newer than the fleet's current revision (2)" in refused["status"]["message"]
+    assert {k: len(v) for k, v in follower.logs().items()} == before
+
+
+async def _slow_loads(follower: FollowerThread, seconds: float) -> None:
+    from rolloutfleet.sim.config import FaultKind, FaultRule
+
+    sim = follower.follower.sim
+    assert sim is not None
+    for engine in sim.engines.values():
+        engine.add_fault(FaultRule(step="rolloutfleet_load", kind=FaultKind.SLOW, delay=seconds, count=100))
