@@ -1,0 +1,78 @@
+"""Budget arithmetic: barrier, maxUnavailable, canaries."""
+
+from __future__ import annotations
+
+from rolloutfleet.api.fleet import RolloutType, UpdateMode, UpdateStrategy
+from rolloutfleet.api.revision import StrategyOverride
+from rolloutfleet.planning import rollout
+from rolloutfleet.planning.transaction import Decision, Step
+
+PODS = [f"p-{i}" for i in range(6)]
+
+
+def plan(**kw: object) -> rollout.Budget:
+    base = dict(
+        mode=UpdateMode.SLEEP,
+        rollout=RolloutType.ALL_AT_ONCE,
+        max_unavailable=1,
+        max_concurrent_loads=None,
+        canary=0,
+        max_retries=2,
+    )
+    base.update(kw)
+    return rollout.Budget(**base)  # type: ignore[arg-type]
+
+
+def decisions(*steps: Step) -> dict[str, Decision]:
+    return {p: Decision(s) for p, s in zip(PODS, steps, strict=True)}
+
+
+def test_percentages_round_down_but_never_to_zero() -> None:
+    assert rollout.resolve_max_unavailable("25%", 8) == 2
+    assert rollout.resolve_max_unavailable("10%", 4) == 1
+    assert rollout.resolve_max_unavailable(3, 100) == 3
+
+
+def test_override_wins_over_fleet_strategy() -> None:
+    b = rollout.budget(
+        UpdateStrategy(),
+        StrategyOverride(mode=UpdateMode.INFLIGHT, rollout=RolloutType.ROLLING, max_unavailable="50%"),
+        8,
+    )
+    assert (b.mode, b.rollout, b.max_unavailable) == (UpdateMode.INFLIGHT, RolloutType.ROLLING, 4)
+
+
+def test_all_at_once_barrier_holds_resume_until_everyone_is_ready() -> None:
+    d = decisions(Step.RESUME, Step.RESUME, Step.LOAD_DRAFT, Step.RESUME, Step.RESUME, Step.RESUME)
+    chosen = rollout.admit(d, PODS, plan())
+    assert set(chosen) == {"p-2"}
+    d["p-2"] = Decision(Step.RESUME)
+    assert set(rollout.admit(d, PODS, plan())) == set(PODS)
+
+
+def test_rolling_admits_at_most_max_unavailable() -> None:
+    d = decisions(*([Step.PAUSE] * 6))
+    assert set(rollout.admit(d, PODS, plan(rollout=RolloutType.ROLLING, max_unavailable=2))) == {"p-0", "p-1"}
+    d = decisions(Step.DONE, Step.LOAD_VERIFIER, Step.PAUSE, Step.PAUSE, Step.PAUSE, Step.PAUSE)
+    assert set(rollout.admit(d, PODS, plan(rollout=RolloutType.ROLLING, max_unavailable=2))) == {"p-1", "p-2"}
+
+
+def test_rolling_resumes_individually() -> None:
+    d = decisions(Step.RESUME, Step.LOAD_VERIFIER, Step.PAUSE, Step.PAUSE, Step.PAUSE, Step.PAUSE)
+    assert "p-0" in rollout.admit(d, PODS, plan(rollout=RolloutType.ROLLING, max_unavailable=2))
+
+
+def test_pods_already_out_of_service_always_continue() -> None:
+    # After an operator restart, more pods may be paused than the budget: finishing them is safer.
+    d = decisions(Step.LOAD_VERIFIER, Step.SLEEP, Step.SET_VERSION, Step.PAUSE, Step.PAUSE, Step.PAUSE)
+    chosen = rollout.admit(d, PODS, plan(rollout=RolloutType.ROLLING, max_unavailable=1))
+    assert set(chosen) == {"p-0", "p-1", "p-2"}
+
+
+def test_canaries_first() -> None:
+    d = decisions(*([Step.PAUSE] * 6))
+    assert set(rollout.admit(d, PODS, plan(canary=2))) == {"p-0", "p-1"}
+    d = decisions(Step.RESUME, Step.DONE, Step.PAUSE, Step.PAUSE, Step.PAUSE, Step.PAUSE)
+    assert set(rollout.admit(d, PODS, plan(canary=2))) == {"p-0"}  # canaries resume before the barrier
+    d = decisions(Step.DONE, Step.DONE, Step.PAUSE, Step.PAUSE, Step.PAUSE, Step.PAUSE)
+    assert set(rollout.admit(d, PODS, plan(canary=2))) == set(PODS[2:])

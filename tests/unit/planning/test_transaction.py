@@ -1,0 +1,103 @@
+"""Table tests of the per-pod transaction: the next step is derived from the engine's state alone."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from rolloutfleet.api.engine import DraftPolicy, EngineState, TargetState
+from rolloutfleet.planning.transaction import Goal, Step, at_goal, next_step
+
+D = "blake3:" + "a" * 64
+DV = "blake3:" + "b" * 64
+DD = "blake3:" + "c" * 64
+SLEEP = Goal(revision=2, verifier_path="/w/2/v", draft_path="/w/2/d", sleep_mode=True)
+INFLIGHT = dataclasses.replace(SLEEP, sleep_mode=False)
+FROZEN = Goal(revision=2, verifier_path="/w/2/v", sleep_mode=True, frozen_draft_path="/w/draft", frozen_draft_digest=DD)
+
+
+def state(
+    *,
+    paused: bool = False,
+    resident: bool = True,
+    v: int | None = 1,
+    d: int | None = 1,
+    version: str | None = "1",
+    vd: str | None = D,
+    dd: str | None = D,
+    policy: DraftPolicy = DraftPolicy.CO_UPDATE,
+) -> EngineState:
+    return EngineState(
+        reachable=True,
+        paused=paused,
+        sleeping=paused,  # /is_sleeping is true while paused
+        resident=resident,
+        verifier=TargetState(revision=v, digest=vd if v is not None or vd != D else None),
+        draft=TargetState(revision=d, digest=dd if d is not None or dd != D else None, policy=policy),
+        weight_version=version,
+    )
+
+
+CASES = [
+    ("serving old weights", SLEEP, state(), Step.PAUSE),
+    ("paused, old weights resident: free them", SLEEP, state(paused=True), Step.SLEEP),
+    (
+        "asleep, weights discarded",
+        SLEEP,
+        state(paused=True, resident=False, v=None, d=None, vd=None, dd=None),
+        Step.LOAD_VERIFIER,
+    ),
+    ("inflight never sleeps", INFLIGHT, state(paused=True), Step.LOAD_VERIFIER),
+    ("verifier loaded, draft behind", SLEEP, state(paused=True, resident=False, v=2, d=None, dd=None), Step.LOAD_DRAFT),
+    ("both loaded, version not stamped", SLEEP, state(paused=True, v=2, d=2), Step.SET_VERSION),
+    ("loaded, verified, stamped, paused", SLEEP, state(paused=True, v=2, d=2, version="2"), Step.RESUME),
+    ("serving the goal", SLEEP, state(v=2, d=2, version="2"), Step.DONE),
+    ("serving goal pair but wrong version", SLEEP, state(v=2, d=2, version="1"), Step.PAUSE),
+    ("mixed pair serving (manual edit)", SLEEP, state(v=2, d=1, version="2"), Step.PAUSE),
+    (
+        "failed load left verifier unknown",
+        SLEEP,
+        state(paused=True, resident=False, v=None, vd=None, d=None, dd=None),
+        Step.LOAD_VERIFIER,
+    ),
+    ("unreachable", SLEEP, EngineState.unreachable("connection refused"), Step.UNREACHABLE),
+]
+
+
+@pytest.mark.parametrize(("why", "goal", "observed", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_next_step(why: str, goal: Goal, observed: EngineState, expected: Step) -> None:
+    assert next_step(goal, observed).step == expected, why
+
+
+def test_expected_digest_mismatch_is_a_verification_failure() -> None:
+    goal = dataclasses.replace(SLEEP, verifier_digest=DV)
+    decision = next_step(goal, state(paused=True, v=2, d=2))
+    assert decision.step == Step.VERIFY_FAILED and "verifier digest" in decision.reason
+    assert next_step(goal, state(paused=True, v=2, d=2, vd=DV)).step == Step.SET_VERSION
+
+
+def test_draft_never_before_verifier() -> None:
+    # Whatever the draft holds, a verifier behind the goal is loaded first.
+    for d in (None, 1, 2):
+        observed = state(paused=True, resident=False, v=None, vd=None, d=d, dd=None if d is None else D)
+        assert next_step(SLEEP, observed).step == Step.LOAD_VERIFIER
+
+
+def test_frozen_draft_is_restored_never_loaded() -> None:
+    after_sleep = state(paused=True, resident=False, v=2, d=None, dd=None, policy=DraftPolicy.FROZEN)
+    assert next_step(FROZEN, after_sleep).step == Step.RESTORE_DRAFT
+    restored = state(paused=True, v=2, d=None, dd=DD, policy=DraftPolicy.FROZEN)
+    assert next_step(FROZEN, restored).step == Step.SET_VERSION
+    wrong = state(paused=True, v=2, d=None, dd=DV, policy=DraftPolicy.FROZEN)
+    decision = next_step(FROZEN, wrong)
+    assert decision.step == Step.VERIFY_FAILED and "frozen draft digest" in decision.reason
+
+
+def test_no_draft_engine() -> None:
+    goal = Goal(revision=2, verifier_path="/w/2/v", sleep_mode=False)
+    observed = EngineState(
+        reachable=True, paused=True, sleeping=True, resident=True, verifier=TargetState(2, D), weight_version="2"
+    )
+    assert next_step(goal, observed).step == Step.RESUME
+    assert at_goal(goal, observed)
