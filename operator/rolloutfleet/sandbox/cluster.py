@@ -188,7 +188,8 @@ class Cluster:
 
     # -- HTTP to the apiserver ----------------------------------------------------------------------
 
-    def _ssl(self) -> ssl.SSLContext:
+    def ssl_context(self) -> ssl.SSLContext:
+        """Verifies the apiserver against this cluster's CA (for callers that stream, e.g. watches)."""
         return ssl.create_default_context(cafile=str(self.pki.ca_cert))
 
     def request(self, method: str, path: str, body: Any = None, *, auth: bool = True, token: str | None = None) -> Any:
@@ -202,7 +203,7 @@ class Cluster:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
         req = urllib.request.Request(self.server + path, data=data, headers=headers, method=method)  # noqa: S310
-        with urllib.request.urlopen(req, context=self._ssl(), timeout=30) as resp:  # noqa: S310
+        with urllib.request.urlopen(req, context=self.ssl_context(), timeout=30) as resp:  # noqa: S310
             raw = resp.read()
         return json.loads(raw) if raw.strip().startswith(b"{") else raw.decode()
 
