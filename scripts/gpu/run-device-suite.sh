@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The GPU tier on the lent H200, in one go (docs/gpu.md). vLLM 0.26.0 travels as two carries
+# (../shared/gpu/README.md); the device tool's `run` is a tool call, not a shell command, so this script
+# is what each call runs, and `prepare` is what runs here once.
+#
+#   here, once:      scripts/gpu/run-device-suite.sh prepare
+#   device call 1:   run  carry [".device-carry/1"]          command "bash scripts/gpu/run-device-suite.sh stage1"
+#   device call 2:   run  carry [".device-carry/2", ".whl"]  command "bash scripts/gpu/run-device-suite.sh stage2 suite"
+#   device call 3:   run  carry [".whl"]                     command "bash scripts/gpu/run-device-suite.sh stage2 bench"
+#
+# Call 2 must start within 30 s of call 1 (the machine stays warm that long); call 3 likewise after call 2
+# (it finds /tmp/site there and skips the unpacking; on a cold machine repeat calls 1 and 2 with "bench").
+# Parts: suite (tests/gpu, which also runs tests/contract against the real server), bench
+# (bench/gpu_update.py), all (both; may not fit one 10-minute call). Results go to $OUT (the device tool
+# brings them back; at most 8 files), else to bench/results/gpu-run.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+repo=$PWD
+out=${OUT:-$repo/bench/results/gpu-run}
+
+prepare() {
+  grep -qx '/.device-carry/' .git/info/exclude || echo '/.device-carry/' >> .git/info/exclude
+  grep -qx '/.whl/' .git/info/exclude || echo '/.whl/' >> .git/info/exclude
+  if [ ! -f .device-carry/2/vllm026-site.sha256 ]; then
+    ../shared/gpu/build-vllm-carry.sh .device-carry   # ~5 min of CPU
+  fi
+  # pytest-asyncio is not on the device image; pytest itself only if the image's is older than 8.4.
+  python3 -m pip download -q --no-deps --only-binary=:all: -d .whl \
+    pytest-asyncio==1.5.0 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1
+  ls -l .device-carry/1 .device-carry/2 .whl
+}
+
+stage1() {
+  mkdir -p /tmp/vc && cp .device-carry/1/* /tmp/vc/
+}
+
+unpack() {
+  if [ ! -d /tmp/site/vllm ]; then
+    mkdir -p /tmp/vc /tmp/site && cp .device-carry/2/* /tmp/vc/
+    (cd /tmp/vc && cat vllm026-site.tar.xz.part-? > vllm026-site.tar.xz && sha256sum -c vllm026-site.sha256)
+    xz -dc /tmp/vc/vllm026-site.tar.xz | tar -x -C /tmp/site
+  fi
+  mkdir -p /tmp/site-extra
+  if ! python3 -c 'import pytest_asyncio' 2>/dev/null && [ ! -d /tmp/site-extra/pytest_asyncio ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-extra .whl/pytest_asyncio-*.whl
+    if python3 -c 'import pytest,sys; sys.exit(tuple(map(int, pytest.__version__.split(".")[:2])) >= (8, 4))'; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-extra \
+        .whl/pytest-*.whl .whl/pluggy-*.whl .whl/iniconfig-*.whl
+    fi
+  fi
+}
+
+environment() {
+  export PYTHONPATH=/tmp/site-extra:/tmp/site:$repo/operator:$repo/worker_image
+  export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_SERVER_DEV_MODE=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
+  export PYTHONUNBUFFERED=1
+}
+
+suite() {
+  mkdir -p "$out"
+  {
+    echo "# $(date -u +%FT%TZ) scripts/gpu/run-device-suite.sh stage2 suite"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+    python3 -c 'import torch, vllm, transformers, pytest; print("torch", torch.__version__, "vllm", vllm.__version__, "transformers", transformers.__version__, "pytest", pytest.__version__)'
+    echo "\$ python3 -m pytest tests/gpu -m gpu -rA -p no:cacheprovider"
+  } > "$out/suite.log" 2>&1
+  ROLLOUTFLEET_GPU_RESULTS=$out timeout "${SUITE_TIMEOUT:-540}" \
+    python3 -m pytest tests/gpu -m gpu -rA -p no:cacheprovider >> "$out/suite.log" 2>&1 || echo "suite rc=$?" | tee -a "$out/suite.log"
+  tail -40 "$out/suite.log"
+}
+
+bench() {
+  mkdir -p "$out"
+  timeout "${BENCH_TIMEOUT:-540}" python3 bench/gpu_update.py --out "$out" > "$out/bench.log" 2>&1 \
+    || echo "bench rc=$?" | tee -a "$out/bench.log"
+  tail -30 "$out/bench.log"
+  cat "$out/gpu_update.md" 2>/dev/null || true
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  stage1) stage1 ;;
+  stage2)
+    unpack
+    environment
+    case "${2:-suite}" in
+      suite) suite ;;
+      bench) bench ;;
+      all) suite; bench ;;
+      *) echo "unknown part: $2" >&2; exit 2 ;;
+    esac
+    ;;
+  *) sed -n '2,17p' "$0"; exit 2 ;;
+esac

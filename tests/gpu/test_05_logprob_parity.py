@@ -1,0 +1,95 @@
+"""GPU tier (5): logprob parity of the served model against a transformers reference forward pass.
+
+The engine (``--logprobs-mode processed_logprobs``, ``head_dtype=float32``, greedy) scores a fixed token
+sequence (``prompt_logprobs``) and its own continuation (``logprobs``); transformers runs the same bf16
+weights from the same revision directory, once with an fp32 head (what the server is configured for) and
+once with a bf16 head, and once with the wrong revision's weights as a control. The tolerance asserted is
+justified in docs/gpu.md from the measurement: bf16 kernel differences (FA3 vs SDPA, fused norms) are a
+few hundredths of a nat; loading the wrong weights is several nats.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gpu_support
+import pytest
+from transaction_driver import converge, goal_for
+
+from rolloutfleet.adapters.engine import EngineClient
+
+pytestmark = pytest.mark.gpu
+
+MAX_ABS_TOL = 0.5  # nats, any single logprob
+MEAN_ABS_TOL = 0.1  # nats, averaged over every compared entry
+TOP = 5
+
+
+def reference_logprobs(path: str, sequence: list[int]) -> dict[str, Any]:
+    """log_softmax of a transformers forward pass over ``sequence``: fp32 head and bf16 head (rows = positions)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to("cuda").eval()
+    ids = torch.tensor([sequence], device="cuda")
+    with torch.no_grad():
+        hidden = model.model(input_ids=ids).last_hidden_state[0]
+        fp32 = torch.log_softmax(hidden.float() @ model.lm_head.weight.float().T, dim=-1)
+        bf16 = torch.log_softmax(model.lm_head(hidden).float(), dim=-1)
+    out = {"fp32": fp32.cpu(), "bf16": bf16.cpu()}
+    del model
+    torch.cuda.empty_cache()
+    return out
+
+
+def served_entries(choice: dict[str, Any], prompt: list[int]) -> list[tuple[int, int, float]]:
+    """(reference row, token id, served logprob) for the prompt's and the continuation's logprobs."""
+    entries = []
+    for i, entry in enumerate(choice.get("prompt_logprobs") or []):
+        if entry is None:
+            continue
+        for token, lp in entry.items():
+            entries.append((i - 1, int(token), float(lp["logprob"])))
+    top = choice["logprobs"]["top_logprobs"]
+    for j, step in enumerate(top):
+        for token, lp in step.items():
+            entries.append((len(prompt) + j - 1, int(str(token).split(":")[-1]), float(lp)))
+    return entries
+
+
+def diff_stats(entries: list[tuple[int, int, float]], ref: Any) -> dict[str, float]:
+    diffs = [abs(lp - float(ref[row, tok])) for row, tok, lp in entries]
+    return {"max_abs": max(diffs), "mean_abs": sum(diffs) / len(diffs), "entries": len(diffs)}
+
+
+async def test_logprobs_match_a_transformers_reference(
+    server: gpu_support.Server,
+    engine: EngineClient,
+    revisions: gpu_support.Revisions,
+    digests: dict[str, str],
+    record: dict[str, Any],
+) -> None:
+    await converge(engine, goal_for(revisions, digests, 500, use_b=False, sleep_mode=False))
+    prompt = gpu_support.prompts(1, length=32)[0]
+    status, body = await gpu_support.complete(
+        server.url, prompt, 16, logprobs=TOP, prompt_logprobs=TOP, return_tokens_as_token_ids=True
+    )
+    assert status == 200, body
+    choice = body["choices"][0]
+    generated = list(choice["token_ids"])
+    entries = served_entries(choice, prompt)
+    ref = reference_logprobs(revisions.verifier_a, prompt + generated)
+    wrong = reference_logprobs(revisions.verifier_b, prompt + generated)
+    ref_greedy = [int(ref["fp32"][len(prompt) + j - 1].argmax()) for j in range(len(generated))]
+    stats = {
+        "fp32_head_reference": diff_stats(entries, ref["fp32"]),
+        "bf16_head_reference": diff_stats(entries, ref["bf16"]),
+        "wrong_weights_control": diff_stats(entries, wrong["fp32"]),
+        "greedy_tokens_agree_with_reference": sum(a == b for a, b in zip(generated, ref_greedy, strict=True)),
+        "generated": len(generated),
+        "tolerance": {"max_abs": MAX_ABS_TOL, "mean_abs": MEAN_ABS_TOL},
+    }
+    record["logprob_parity"] = stats
+    fp32 = stats["fp32_head_reference"]
+    assert fp32["max_abs"] < MAX_ABS_TOL and fp32["mean_abs"] < MEAN_ABS_TOL, stats
+    assert stats["wrong_weights_control"]["mean_abs"] > 10 * max(fp32["mean_abs"], 0.01), stats
