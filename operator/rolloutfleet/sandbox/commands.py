@@ -54,6 +54,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     _add_name(status)
     status.set_defaults(_sandbox=_status)
 
+    # Slot for `demo` (the integrator's): sub.add_parser("demo", ...).set_defaults(_sandbox=fn), where
+    # fn(args) -> int; `run` below dispatches on `_sandbox` and maps Build/Cluster errors to exit 1.
+
 
 def run(args: argparse.Namespace) -> int:
     """Run the chosen subcommand; return the exit code."""
