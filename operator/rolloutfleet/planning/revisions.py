@@ -123,7 +123,10 @@ def select(fleet: RolloutFleetSpec, current_revision: int | None, revisions: lis
         if rev.spec is None:
             refused.append(Refusal(rev, "ValidationFailed", validation.summary(list(rev.parse_errors))))
             continue
-        errors = validation.validate_revision(rev.spec, fleet, current_revision=current_revision)
+        # The fleet's currentRevision moves before the revision's phase does (so that a crash between the
+        # two writes never rolls pods backwards): an unfinished revision equal to it is finishing, not stale.
+        finishing = rev.number == current_revision and rev.status.phase == Phase.PROGRESSING and current is None
+        errors = validation.validate_revision(rev.spec, fleet, current_revision=None if finishing else current_revision)
         if errors:
             reason = "NotNewer" if all(e.path == "spec.revision" for e in errors) else "ValidationFailed"
             refused.append(Refusal(rev, reason, validation.summary(errors)))

@@ -23,7 +23,7 @@ from rolloutfleet.adapters.engine import EnginePool
 from rolloutfleet.api import common, engine, validation
 from rolloutfleet.api.fleet import RolloutFleetSpec
 from rolloutfleet.api.revision import Phase, WeightRevisionStatus
-from rolloutfleet.planning import revision_status, revisions, rollout, transaction
+from rolloutfleet.planning import revision_status, revisions, rollout, transaction, verification
 from rolloutfleet.planning.transaction import Decision, Goal, Step
 from rolloutfleet.reconcile import executor
 from rolloutfleet.reconcile.context import FleetMemory, OperatorContext
@@ -243,9 +243,10 @@ class _Pass:
 
         results = await asyncio.gather(*(one(p) for p in self.order))
         now = time.monotonic()
+        goal = verification.with_reference_digests(self.goal, [state for _, state in results])
         for pod, state in results:
             self.states[pod] = state
-            decision = transaction.next_step(self.goal, state)
+            decision = transaction.next_step(goal, state)
             if decision.step == Step.UNREACHABLE:
                 since = self.memory.unreachable_since.setdefault(pod, now)
                 if now - since > self.spec.update_strategy.timeouts.wake_seconds:

@@ -7,12 +7,7 @@ run`` as a real subprocess watching all namespaces, logging to a file that faili
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import pathlib
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from operator_process import OperatorProcess, start_operator, stop_operator
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 
@@ -50,55 +46,6 @@ def crds_installed(k8s_api: client.ApiClient) -> list[str]:
                 raise TimeoutError(f"CRD {name} not Established")
             time.sleep(0.2)
     return names
-
-
-@dataclasses.dataclass
-class OperatorProcess:
-    """A running ``rolloutfleet run``; ``log()`` returns what it printed so far."""
-
-    proc: subprocess.Popen[bytes]
-    log_path: pathlib.Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
-def start_operator(
-    kubeconfig: pathlib.Path, log_path: pathlib.Path, extra_env: dict[str, str] | None = None
-) -> OperatorProcess:
-    env = dict(os.environ, KUBECONFIG=str(kubeconfig), ROLLOUTFLEET_RESYNC_SECONDS="2", PYTHONUNBUFFERED="1")
-    env.update(extra_env or {})
-    sink = log_path.open("ab")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rolloutfleet.cli",
-            "run",
-            "--all-namespaces",
-            "--standalone",
-            "--metrics-port",
-            "0",
-            "--liveness",
-            "",
-        ],
-        env=env,
-        stdout=sink,
-        stderr=subprocess.STDOUT,
-        cwd=REPO,
-        start_new_session=True,
-    )
-    return OperatorProcess(proc, log_path)
-
-
-def stop_operator(op: OperatorProcess, sig: int = signal.SIGTERM) -> None:
-    if op.proc.poll() is None:
-        os.killpg(op.proc.pid, sig)
-        try:
-            op.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(op.proc.pid, signal.SIGKILL)
-            op.proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="session")

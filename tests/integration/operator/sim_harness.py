@@ -4,6 +4,7 @@ tiny real safetensors checkpoints, and call-log analysis (order, barrier, concur
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
 import threading
 from collections.abc import Coroutine
@@ -65,10 +66,8 @@ class FollowerThread:
 
     def stop(self) -> None:
         self._task.cancel()
-        try:
+        with contextlib.suppress(BaseException):
             self._task.result(timeout=10)
-        except BaseException:
-            pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
 
@@ -102,3 +101,53 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
         cur += delta
         best = max(best, cur)
     return best
+
+
+async def _traffic(follower: PodFollower, stop: asyncio.Event, period: float) -> int:
+    """Send small completions round-robin to every engine until ``stop``; returns how many were sent."""
+    import aiohttp
+
+    sent = 0
+    async with aiohttp.ClientSession(trust_env=False) as session:
+        while not stop.is_set():
+            sim = follower.sim
+            engines = list(sim.engines.values()) if sim is not None else []
+            for engine in engines:
+                body = {"model": "policy", "prompt": [1, 2, 3], "max_tokens": 4, "return_weight_versions": True}
+                try:
+                    async with session.post(
+                        f"{engine.url}/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=2)
+                    ) as resp:
+                        await resp.read()
+                        sent += 1
+                except (aiohttp.ClientError, TimeoutError):
+                    pass  # paused/aborted/crashed engines refuse or drop: that is the point
+            await asyncio.sleep(period)
+    return sent
+
+
+class Traffic:
+    """Generation traffic to every engine of a follower, for the 'never a mixed pair' checks."""
+
+    def __init__(self, follower: FollowerThread, period: float = 0.05) -> None:
+        self._follower = follower
+        self._stop = asyncio.Event()
+        self._future = asyncio.run_coroutine_threadsafe(self._start(period), follower.loop)
+
+    async def _start(self, period: float) -> int:
+        return await _traffic(self._follower.follower, self._stop, period)
+
+    def stop(self) -> int:
+        self._follower.loop.call_soon_threadsafe(self._stop.set)
+        return int(self._future.result(timeout=30))
+
+
+def served(logs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Every completion the engines served, with the pair(s) that generated it."""
+    out = []
+    for log in logs.values():
+        for entry in log:
+            result = entry.get("result")
+            if entry.get("step") == "completions" and entry.get("status") == 200 and isinstance(result, dict):
+                out.append(result)
+    return out

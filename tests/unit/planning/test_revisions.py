@@ -180,3 +180,9 @@ def test_rolling_back_to_initial_weights() -> None:
 def test_idle_fleet_keeps_pods_on_current_revision() -> None:
     sel = revisions.select(fleet(), 3, [rev("r3", with_("revision", 3), phase=Phase.SUCCEEDED)])
     assert sel.active is None and sel.goal is not None and sel.goal.revision == 3
+
+
+def test_revision_equal_to_current_and_unfinished_is_finishing_not_stale() -> None:
+    # The operator moved currentRevision, then died before marking the revision Succeeded.
+    sel = revisions.select(fleet(), 5, [rev("r5", GOOD, phase=Phase.PROGRESSING)])
+    assert not sel.refused and sel.active is not None and sel.active.name == "r5"

@@ -101,3 +101,17 @@ def test_no_draft_engine() -> None:
     )
     assert next_step(goal, observed).step == Step.RESUME
     assert at_goal(goal, observed)
+
+
+def test_pods_must_agree_without_a_pinned_digest() -> None:
+    from rolloutfleet.planning import verification
+
+    good = state(paused=True, v=2, d=2, vd=DV, dd=DD)
+    corrupt = state(paused=True, v=2, d=2, vd=DV, dd=D)
+    goal = verification.with_reference_digests(SLEEP, [good, good, corrupt])
+    assert goal.draft_digest == DD and goal.verifier_digest is None
+    assert next_step(goal, corrupt).step == Step.VERIFY_FAILED
+    assert next_step(goal, good).step == Step.SET_VERSION
+    tie = verification.with_reference_digests(SLEEP, [good, corrupt])
+    assert next_step(tie, good).step == Step.VERIFY_FAILED and next_step(tie, corrupt).step == Step.VERIFY_FAILED
+    assert verification.with_reference_digests(SLEEP, [good, good]) == SLEEP

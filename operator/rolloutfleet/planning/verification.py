@@ -1,0 +1,62 @@
+"""Cross-pod digest consistency: when a revision carries no expected digest, the pods must agree.
+
+Called by ``reconcile.revision`` every round, before ``transaction.next_step``. The publisher normally
+pins digests (``rolloutfleet publish`` computes them); without them, the only evidence of a bad load
+is disagreement. A strict majority of the pods that loaded a target at the goal's revision sets the
+reference, and the others fail verification (and are reloaded); without a strict majority nobody is
+trusted, so every loaded pod fails verification until they agree or the revision rolls back.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterable
+
+from rolloutfleet.api.engine import EngineState
+from rolloutfleet.planning.transaction import Goal
+
+NO_AGREEMENT = "blake3:disagreement"  # never a real digest: fails every comparison
+
+
+def _reference(digests: list[str]) -> str | None:
+    if not digests:
+        return None
+    counts = collections.Counter(digests)
+    digest, n = counts.most_common(1)[0]
+    if len(counts) == 1:
+        return None  # everyone agrees: nothing to enforce beyond what the goal already pins
+    return digest if n * 2 > len(digests) else NO_AGREEMENT
+
+
+def with_reference_digests(goal: Goal, states: Iterable[EngineState]) -> Goal:
+    """The goal with expected digests filled from a strict majority where the revision gives none."""
+    states = [s for s in states if s.reachable]
+    updates: dict[str, str | None] = {}
+    if goal.verifier_digest is None:
+        seen = [s.verifier.digest for s in states if s.verifier.revision == goal.revision and s.verifier.digest]
+        ref = _reference(seen)
+        if ref is not None:
+            updates["verifier_digest"] = ref
+    if goal.draft_digest is None and goal.draft_path is not None:
+        seen = [
+            s.draft.digest
+            for s in states
+            if s.draft is not None and s.draft.revision == goal.revision and s.draft.digest
+        ]
+        ref = _reference(seen)
+        if ref is not None:
+            updates["draft_digest"] = ref
+    if goal.frozen_draft_path is not None and goal.frozen_draft_digest is None:
+        seen = [s.draft.digest for s in states if s.draft is not None and s.draft.digest]
+        ref = _reference(seen)
+        if ref is not None:
+            updates["frozen_draft_digest"] = ref
+    if not updates:
+        return goal
+    return dataclasses.replace(
+        goal,
+        verifier_digest=updates.get("verifier_digest", goal.verifier_digest),
+        draft_digest=updates.get("draft_digest", goal.draft_digest),
+        frozen_draft_digest=updates.get("frozen_draft_digest", goal.frozen_draft_digest),
+    )
