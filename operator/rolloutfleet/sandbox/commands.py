@@ -54,8 +54,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     _add_name(status)
     status.set_defaults(_sandbox=_status)
 
-    # Slot for `demo` (the integrator's): sub.add_parser("demo", ...).set_defaults(_sandbox=fn), where
-    # fn(args) -> int; `run` below dispatches on `_sandbox` and maps Build/Cluster errors to exit 1.
+    # `demo` lives in its own module (it pulls in the operator, the simulator and the pod follower).
+    from rolloutfleet.sandbox import demo
+
+    demo.add_parser(sub)
 
 
 def run(args: argparse.Namespace) -> int:
