@@ -274,10 +274,7 @@ async def _watch(api: client.ApiClient, name: str) -> dict[str, Any]:
         pods = (fleet.get("status") or {}).get("pods") or []
         # The revision's own per-pod step is fresher than the fleet's (written on the fleet's resync).
         steps = {p["name"]: p.get("step") for p in status.get("pods") or []}
-        cells = " ".join(
-            f"{p['name'].rsplit('-', 1)[-1]}:r{p.get('revision', '-')}/{(steps.get(p['name']) or p.get('step') or '?')[:8]:<8}"
-            for p in pods
-        )
+        cells = " ".join(_cell(p, steps.get(p["name"])) for p in pods)
         line = f"  {name} {status.get('phase', 'Pending'):<11} {status.get('updated', '0/0'):>5} | {cells}"
         if line != last:
             print(line, flush=True)
@@ -286,6 +283,11 @@ async def _watch(api: client.ApiClient, name: str) -> dict[str, Any]:
             return wrev
         await asyncio.sleep(0.5)
     raise RuntimeError(f"{name} did not finish in 300 s")
+
+
+def _cell(pod: dict[str, Any], step: str | None) -> str:
+    ordinal = pod["name"].rsplit("-", 1)[-1]
+    return f"{ordinal}:r{pod.get('revision', '-')}/{(step or pod.get('step') or '?')[:8]:<8}"
 
 
 def _summary(results: list[tuple[str, dict[str, str], dict[str, Any], float]]) -> bool:
