@@ -65,7 +65,7 @@ suite() {
     echo "\$ python3 -m pytest tests/gpu -m gpu -rA -p no:cacheprovider"
   } > "$out/suite.log" 2>&1
   ROLLOUTFLEET_GPU_RESULTS=$out timeout "${SUITE_TIMEOUT:-540}" \
-    python3 -m pytest tests/gpu -m gpu -rA -p no:cacheprovider >> "$out/suite.log" 2>&1 || echo "suite rc=$?" | tee -a "$out/suite.log"
+    python3 -m pytest tests/gpu -m gpu -rA -p no:cacheprovider --timeout 150 >> "$out/suite.log" 2>&1 || echo "suite rc=$?" | tee -a "$out/suite.log"
   tail -40 "$out/suite.log"
 }
 
