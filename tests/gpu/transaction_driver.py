@@ -43,5 +43,6 @@ async def converge(client: EngineClient, goal: transaction.Goal, *, max_steps: i
             return steps
         assert decision.step in transaction.ACTIONS, (decision, state)
         seconds = await executor.execute(client, decision.step, goal, timeouts)
-        steps.append((decision.step.value, round(seconds, 4)))
+        took = seconds[0] if isinstance(seconds, tuple) else seconds  # executor may return (seconds, detail)
+        steps.append((decision.step.value, round(float(took), 4)))
     raise AssertionError(f"no convergence to revision {goal.revision} within {max_steps} steps: {steps}")
