@@ -11,6 +11,7 @@ would: its flags, its namespaces, its RBAC.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import pathlib
 import signal
@@ -167,8 +168,22 @@ def weights(tmp_path: pathlib.Path) -> pathlib.Path:
     return root
 
 
-def create_fleet_and_revision(api: client.CustomObjectsApi, namespace: str, root: pathlib.Path) -> None:
-    """What a user applies with their own identity (admin here): a 2-engine fleet and revision 1."""
+def _publish_snippet() -> Any:
+    """docs/gitops/publish_and_wait.py, the trainer snippet the docs show, loaded as a module."""
+    spec = importlib.util.spec_from_file_location("publish_and_wait", REPO / "docs" / "gitops" / "publish_and_wait.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+publish_snippet = _publish_snippet()
+REVISION = "pol-step-1"  # the name publish_and_wait.publish gives step 1 of fleet "pol"
+
+
+def create_fleet_and_revision(api: client.CustomObjectsApi, namespace: str, root: pathlib.Path) -> str:
+    """What a user and a trainer apply with their own identity (admin here): a 2-engine fleet, then step 1
+    published with the documented snippet. Returns the revision's name."""
     body = fleet_manifest(
         "pol",
         2,
@@ -179,18 +194,11 @@ def create_fleet_and_revision(api: client.CustomObjectsApi, namespace: str, root
     )
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, "rolloutfleets", body)
     verifier = str(root / "policy/step-1/verifier")
-    wrev = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "WeightRevision",
-        "metadata": {"name": "step-1"},
-        "spec": {
-            "fleetRef": {"name": "pol"},
-            "revision": 1,
-            "verifier": {"path": verifier, "digest": digest_directory(verifier)},
-            "draft": {"path": str(root / "policy/step-1/draft")},
-        },
-    }
-    api.create_namespaced_custom_object(GROUP, VERSION, namespace, "weightrevisions", wrev)
+    name: str = publish_snippet.publish(
+        api, namespace, "pol", 1, verifier, draft=str(root / "policy/step-1/draft"), digest=digest_directory(verifier)
+    )
+    assert name == REVISION
+    return name
 
 
 def phase(api: client.CustomObjectsApi, namespace: str, name: str) -> str | None:

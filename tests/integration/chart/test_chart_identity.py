@@ -22,6 +22,7 @@ from .conftest import (
     forbidden_lines,
     kubectl,
     phase,
+    publish_snippet,
     service_account_kubeconfig,
     start_operator_as,
 )
@@ -93,17 +94,10 @@ def test_chart_identity_completes_a_rollout_without_403(
     op = chart_operator(None)
     assert f"--namespace={namespace}" in op.args and "--standalone" in op.args
     api = client.CustomObjectsApi(k8s_api)
-    create_fleet_and_revision(api, namespace, weights)
+    name = create_fleet_and_revision(api, namespace, weights)
     try:
-        final = eventually(
-            lambda: (
-                phase(api, namespace, "step-1") in ("Succeeded", "Failed", "RolledBack")
-                and phase(api, namespace, "step-1")
-            ),
-            timeout=120,
-            what="step-1 final",
-        )
-        assert final == "Succeeded"
+        done = publish_snippet.wait_ready(api, namespace, name, timeout=120)  # the documented trainer wait
+        assert done["status"]["phase"] == "Succeeded"
         eventually(
             lambda: get_fleet(api, namespace, "pol").get("status", {}).get("currentRevision") == 1,
             timeout=30,
@@ -114,7 +108,7 @@ def test_chart_identity_completes_a_rollout_without_403(
         sts = apps.read_namespaced_stateful_set(labels.statefulset_name("pol"), namespace)
         assert any(f.manager == "rolloutfleet-operator" for f in sts.metadata.managed_fields or [])
         assert core.read_namespaced_secret(labels.token_secret_name("pol"), namespace).data
-        events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=step-1").items
+        events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
         assert any(e.reason == "AllPodsUpdated" for e in events), [e.reason for e in events]
     finally:
         log = op.log()
@@ -147,7 +141,7 @@ def test_one_rule_less_and_the_rollout_never_succeeds(
 ) -> None:
     op = chart_operator(drop_rule("weightrevisions/status", "patch"))
     api = client.CustomObjectsApi(k8s_api)
-    create_fleet_and_revision(api, namespace, weights)
+    name = create_fleet_and_revision(api, namespace, weights)
     eventually(lambda: forbidden_lines(op.log()), timeout=90, what="a 403 in the operator log")
 
     # The engines do move (the operator can drive them) but the revision can never be reported done:
@@ -161,6 +155,6 @@ def test_one_rule_less_and_the_rollout_never_succeeds(
 
     eventually(all_resumed, timeout=90, what="both engines resumed after loading revision 1")
     with pytest.raises(AssertionError, match="timed out"):
-        eventually(lambda: phase(api, namespace, "step-1") == "Succeeded", timeout=8, what="no success")
-    assert phase(api, namespace, "step-1") in (None, "Pending")
+        eventually(lambda: phase(api, namespace, name) == "Succeeded", timeout=8, what="no success")
+    assert phase(api, namespace, name) in (None, "Pending")
     assert any("weightrevisions" in line for line in forbidden_lines(op.log()))

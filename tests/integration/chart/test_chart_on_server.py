@@ -10,7 +10,8 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from chart_support import RBAC_KINDS, VALUE_SETS, kinds, one, render, to_yaml, values_for
+import yaml
+from chart_support import RBAC_KINDS, REPO, VALUE_SETS, kinds, one, render, to_yaml, values_for
 from kubernetes import client
 from operator_helpers import eventually, weights_volume
 from sim_harness import FollowerThread
@@ -109,8 +110,8 @@ def test_two_peered_replicas_complete_a_rollout(
     replicas = [start_operator_as(kubeconfig, objs, tmp_path / f"replica-{i}.log") for i in (0, 1)]
     try:
         api = client.CustomObjectsApi(k8s_api)
-        create_fleet_and_revision(api, namespace, weights)
-        eventually(lambda: phase(api, namespace, "step-1") == "Succeeded", timeout=25, what="step-1 Succeeded")
+        name = create_fleet_and_revision(api, namespace, weights)
+        eventually(lambda: phase(api, namespace, name) == "Succeeded", timeout=25, what=f"{name} Succeeded")
         for op in replicas:
             assert op.proc.poll() is None
             assert forbidden_lines(op.log()) == []
@@ -118,3 +119,16 @@ def test_two_peered_replicas_complete_a_rollout(
         for op in replicas:
             op.stop()
         follower.stop()
+
+
+def test_flux_fleet_example_is_valid_on_the_server(
+    chart_crds: list[str], kubeconfig_path: pathlib.Path, namespace: str
+) -> None:
+    built = kubectl(kubeconfig_path, "kustomize", str(REPO / "docs" / "gitops" / "flux" / "fleet"))
+    assert built.returncode == 0, built.stderr
+    objs = [o for o in yaml.safe_load_all(built.stdout) if o]
+    assert {o["kind"] for o in objs} == {"RolloutFleet", "WeightRevision"}
+    for obj in objs:
+        obj["metadata"]["namespace"] = namespace
+    out = kubectl(kubeconfig_path, "apply", "--dry-run=server", "-f", "-", stdin=to_yaml(objs))
+    assert out.returncode == 0, out.stderr
