@@ -67,6 +67,13 @@ class Metrics:
             registry=r,
         )
 
+        self.kube_requests = prom.Counter(
+            "rolloutfleet_kube_api_requests_total",
+            "Requests from the reconcilers to the Kubernetes API.",
+            ["verb"],
+            registry=r,
+        )
+
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - scraped from inside the cluster
         """Start the /metrics HTTP server (a daemon thread; prometheus_client's own)."""
         prom.start_http_server(port, addr=addr, registry=self.registry)

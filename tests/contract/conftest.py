@@ -61,5 +61,9 @@ async def engine(target: Target, pool: EnginePool) -> AsyncIterator[EngineClient
     """The client of the engine under test; afterwards the engine is left awake and resumed."""
     client = pool.client(target.url)
     yield client
-    await client.wake_up()
+    # Wake only what sleeps, by tag: a tag-less wake after a weights-only wake kills vLLM 0.26's engine
+    # (CUDA "invalid argument" in cumem_allocator, measured on the H200).
+    if (await client.observe()).mapped is False:
+        await client.wake_up(["weights"])
+    await client.wake_up(["kv_cache"])
     await client.resume()

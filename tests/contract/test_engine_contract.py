@@ -193,6 +193,8 @@ async def test_wake_without_reload_serves_garbage(target: Target, engine: Engine
 
 
 async def test_weight_version_is_set_read_and_stamped(target: Target, engine: EngineClient) -> None:
+    if not (await engine.observe()).versioned:
+        pytest.skip("this engine has no weight-version routes (vLLM 0.26: /weight_info answers 404)")
     await engine.update_weight_version("step-7")
     assert await engine.weight_info() == "step-7"
     status, body = await complete(target, max_tokens=3, return_weight_versions=True, return_token_ids=True)
@@ -252,3 +254,17 @@ async def test_stale_draft_collapses_spec_decode_acceptance(target: Target, engi
     assert await acceptance() < 0.2
     await engine.load("draft", w.draft_b, 2)
     assert await acceptance() > 0.5
+
+
+async def test_extension_reports_whether_weights_are_mapped(target: Target, engine: EngineClient) -> None:
+    """The planner wakes weights only when they are unmapped: waking mapped ones is not harmless."""
+    await load_pair(engine, target.weights.verifier_a, target.weights.draft_a, 1)
+    await engine.pause(mode="keep", clear_cache=False)
+    assert (await engine.observe()).mapped is True
+    await engine.sleep(2)
+    asleep = await engine.observe()
+    assert asleep.mapped is False and not asleep.resident
+    await engine.wake_up(["weights"])
+    woken = await engine.observe()
+    assert woken.mapped is True and not woken.resident  # mapped, but the contents are gone until reloaded
+    await load_pair(engine, target.weights.verifier_a, target.weights.draft_a, 1)

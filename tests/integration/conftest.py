@@ -29,7 +29,9 @@ from rolloutfleet.sandbox import binaries, cluster, waiting
 # Substrings of context names that mark a disposable cluster; anything else needs an explicit opt-in.
 TEST_CONTEXT_MARKERS = ("kind-", "kwok", "rolloutfleet-sandbox", "minikube", "k3d", "envtest")
 OPT_IN_ENV = "ROLLOUTFLEET_TEST_CLUSTER_OK"
-TEST_SUBNET_OFFSET = 128
+# Pod subnets of a test session: 127.1.<offset + node>.0/24. Each session picks its own block of 8 so that
+# concurrent sessions on one machine (developers' parallel runs) never serve engines on the same IP:port.
+TEST_SUBNET_OFFSET = int(os.environ.get("ROLLOUTFLEET_TEST_SUBNET_OFFSET") or 128 + 8 * (os.getpid() % 15))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -78,6 +78,7 @@ class DraftState(VerifierState):
 class StateResult(TypedDict):
     ok: Literal[True]
     resident: bool
+    mapped: bool  # weights' memory is mapped (False while asleep): waking mapped weights is not harmless
     verifier: VerifierState
     draft: DraftState | None
     draft_method: str | None
@@ -282,6 +283,7 @@ def _report(worker: Any) -> StateResult:
     return StateResult(
         ok=True,
         resident=resident,
+        mapped=v_mapped and d_mapped,
         verifier=state.verifier.report(v_mapped),
         draft=draft_report,
         draft_method=models.draft_method(worker),

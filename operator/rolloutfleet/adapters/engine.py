@@ -253,11 +253,24 @@ class EngineClient:
         """
         try:
             paused, sleeping, version, states = await asyncio.gather(
-                self.is_paused(), self.is_sleeping(), self.weight_info(), self.extension_state()
+                self.is_paused(), self.is_sleeping(), self._weight_info_or_absent(), self.extension_state()
             )
         except (EngineUnreachable, EngineTimeout) as exc:
             return api.EngineState.unreachable(str(exc))
-        return state_from_wire(paused=paused, sleeping=sleeping, weight_version=version, states=states)
+        versioned = version is not _NO_VERSIONS
+        state = state_from_wire(
+            paused=paused, sleeping=sleeping, weight_version=version if versioned else None, states=states
+        )
+        return dataclasses.replace(state, versioned=versioned)
+
+    async def _weight_info_or_absent(self) -> Any:
+        # vLLM 0.26 has no weight-version routes (404, measured on the H200): feature-detect, do not fail.
+        try:
+            return await self.weight_info()
+        except EngineHTTPError as exc:
+            if exc.status == 404:
+                return _NO_VERSIONS
+            raise
 
     # --- plumbing --------------------------------------------------------------------------------
 
@@ -369,6 +382,9 @@ class EngineClient:
         finally:
             if self._on_latency is not None:
                 self._on_latency(step, time.perf_counter() - started, outcome)
+
+
+_NO_VERSIONS = object()  # sentinel: the engine has no weight-version routes
 
 
 class EnginePool:

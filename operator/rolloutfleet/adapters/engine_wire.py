@@ -42,6 +42,7 @@ class StateResult(TypedDict):
 
     ok: bool
     resident: bool
+    mapped: NotRequired[bool]  # absent from extensions older than the field: unknown
     verifier: TargetWire
     draft: DraftWire | None
     draft_method: str | None
@@ -152,6 +153,7 @@ def state_from_wire(
         ),
         draft=draft,
         weight_version=weight_version,
+        mapped=first.get("mapped"),
         draft_method=first.get("draft_method"),
         shared_tensors=tuple(first.get("shared_tensors") or ()),
         ranks=len(states),

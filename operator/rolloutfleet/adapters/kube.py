@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
-from kubernetes.dynamic import DynamicClient
 from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError
 
 Manifest = dict[str, Any]
@@ -46,6 +46,7 @@ class Kube:
         self._dynamic: DynamicClient | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
         self.requests = 0  # API requests issued, for the rollout benchmark's per-pod accounting
+        self.on_request: Callable[[str], None] | None = None  # metrics hook: called with the verb
 
     @classmethod
     def from_environment(cls, kubeconfig: str | None = None) -> Kube:
@@ -64,8 +65,10 @@ class Kube:
         if self._api_client is not None:
             self._api_client.close()
 
-    async def _run(self, fn: Callable[[], T]) -> T:
+    async def _run(self, fn: Callable[[], T], verb: str) -> T:
         self.requests += 1
+        if self.on_request is not None:
+            self.on_request(verb)
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._pool, fn)
@@ -101,7 +104,7 @@ class Kube:
             )
             return _to_dict(out)
 
-        return await self._run(call)
+        return await self._run(call, "patch")
 
     async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
         """One object, or None when it does not exist."""
@@ -112,7 +115,7 @@ class Kube:
             except NotFoundError:
                 return None
 
-        return await self._run(call)
+        return await self._run(call, "get")
 
     async def list(
         self, api_version: str, kind: str, namespace: str | None, label_selector: str = ""
@@ -123,7 +126,7 @@ class Kube:
             out = self._resource(api_version, kind).get(namespace=namespace, label_selector=label_selector)
             return [_to_dict(item) for item in out.items]
 
-        return await self._run(call)
+        return await self._run(call, "list")
 
     async def create(self, manifest: Manifest) -> Manifest | None:
         """Create an object; None when it already exists (409)."""
@@ -137,7 +140,7 @@ class Kube:
                     return None
                 raise
 
-        return await self._run(call)
+        return await self._run(call, "create")
 
     async def patch_status(self, api_version: str, kind: str, namespace: str, name: str, status: Manifest) -> Manifest:
         """Merge-patch the status subresource (only the fields given)."""
@@ -152,7 +155,7 @@ class Kube:
             )
             return _to_dict(out)
 
-        return await self._run(call)
+        return await self._run(call, "patch")
 
     async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         """Delete an object (absent is fine)."""
@@ -163,7 +166,7 @@ class Kube:
             except NotFoundError:
                 return
 
-        await self._run(call)
+        await self._run(call, "delete")
 
     async def event(self, involved: Manifest, type_: str, reason: str, message: str) -> None:
         """Post a core/v1 Event about an object (best effort: events never fail a reconcile)."""

@@ -35,9 +35,7 @@ def set_condition(
     if isinstance(status, bool):
         status = ConditionStatus.TRUE if status else ConditionStatus.FALSE
     previous = find(conditions, type_)
-    transition = (
-        previous.last_transition_time if previous is not None and previous.status == status else (at or now())
-    )
+    transition = previous.last_transition_time if previous is not None and previous.status == status else (at or now())
     updated = Condition(
         type=type_,
         status=status,

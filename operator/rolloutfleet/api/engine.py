@@ -75,6 +75,8 @@ class EngineState:
     verifier: TargetState = dataclasses.field(default_factory=TargetState)
     draft: TargetState | None = None  # None: the engine has no draft model
     weight_version: str | None = None
+    versioned: bool = True  # the engine has /weight_info and /update_weight_version (vLLM 0.26 does not)
+    mapped: bool | None = True  # weights' memory mapped (False asleep); None: the extension does not say
     draft_method: str | None = None
     shared_tensors: tuple[str, ...] = ()
     ranks: int = 1  # how many workers (tensor-parallel ranks) answered, all agreeing

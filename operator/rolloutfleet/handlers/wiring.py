@@ -49,8 +49,10 @@ async def configure(
     if port:
         metrics.serve(port)
         logger.info("metrics on :%d/metrics", port)
+    kube = Kube.from_environment(os.environ.get("KUBECONFIG"))
+    kube.on_request = lambda verb: metrics.kube_requests.labels(verb).inc()
     memo.ctx = OperatorContext(
-        kube=Kube.from_environment(os.environ.get("KUBECONFIG")),
+        kube=kube,
         metrics=metrics,
         operator_namespace=os.environ.get("ROLLOUTFLEET_OPERATOR_NAMESPACE") or None,
     )

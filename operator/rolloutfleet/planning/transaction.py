@@ -5,13 +5,15 @@ do next to bring one engine to ``goal``. It never reads a stored cursor: pause, 
 and the weight version are all read back from the engine (``api.engine.EngineState``), so an operator
 restart, a retried step or a manual poke converges from wherever the engine is.
 
-Mode ``sleep``:    pause(keep) → sleep(2) → [wake(weights) + load verifier] → load draft → verify →
+Mode ``sleep``:    pause(keep) → sleep(2) → wake(weights) → load verifier → load draft → verify →
                    set weight version → [wake(kv_cache) + reset prefix cache + resume]
 Mode ``inflight``: pause(keep) → load verifier → load draft → verify → set weight version →
                    [reset prefix cache + resume]
 
-Bracketed steps are idempotent compositions: vLLM does not report a sleep level, and waking something
-awake is harmless, so the wake goes with the step that needs it. The draft is loaded only once the
+The bracketed step is one composition (the scheduler must not run between them). Weights are woken only
+when the extension reports them unmapped: on vLLM 0.26 a wake of awake weights resumes a paused
+scheduler (measured on the H200), which would serve between the verifier and the draft loads. Engines
+without weight-version routes (vLLM 0.26) skip the version step. The draft is loaded only once the
 verifier holds (and has a digest for) the same revision; a frozen draft is only ever restored.
 """
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from rolloutfleet.api.engine import EngineState
+from rolloutfleet.api.engine import EngineState, LoadResult, TargetState
 
 INITIAL_REVISION = 0  # the weights a fleet starts with (spec.verifier.path / spec.draft.path)
 
@@ -30,6 +32,7 @@ class Step(enum.StrEnum):
 
     PAUSE = "Pause"
     SLEEP = "Sleep"
+    WAKE_WEIGHTS = "WakeWeights"
     LOAD_VERIFIER = "LoadVerifier"
     LOAD_DRAFT = "LoadDraft"
     RESTORE_DRAFT = "RestoreDraft"
@@ -128,7 +131,7 @@ def at_goal(goal: Goal, state: EngineState) -> bool:
         state.reachable
         and verifier_ok(goal, state)
         and draft_ok(goal, state)
-        and state.weight_version == goal.weight_version
+        and (state.weight_version == goal.weight_version or not state.versioned)
     )
 
 
@@ -147,6 +150,8 @@ def next_step(goal: Goal, state: EngineState) -> Decision:
     if not verifier_ok(goal, state):
         if goal.sleep_mode and state.resident:
             return Decision(Step.SLEEP, "weights still resident: free them (level 2) before the load")
+        if state.mapped is False or (state.mapped is None and goal.sleep_mode and not state.resident):
+            return Decision(Step.WAKE_WEIGHTS, "weights asleep: map them before the load")
         return Decision(Step.LOAD_VERIFIER, f"verifier holds revision {state.verifier.revision}")
     if not draft_ok(goal, state):
         if goal.frozen_draft_path is not None:
@@ -158,3 +163,34 @@ def next_step(goal: Goal, state: EngineState) -> Decision:
 def ready_to_resume(goal: Goal, state: EngineState) -> bool:
     """Loaded, verified and stamped, but still paused: what the AllAtOnce barrier waits for."""
     return next_step(goal, state).step == Step.RESUME
+
+
+def acknowledged(state: EngineState, step: Step, goal: Goal, load: LoadResult | None = None) -> EngineState:
+    """The engine's state after it acknowledged ``step`` with a success (HTTP 200 / an ok RPC result).
+
+    The acknowledgement is itself an observation by the engine: a load's result carries the revision and
+    digest the extension computed over what it loaded. ``reconcile.revision`` uses this between full
+    observations, and always re-reads every engine before resuming it and before calling a pod done.
+    """
+    if step == Step.PAUSE:
+        return dataclasses.replace(state, paused=True, sleeping=True)
+    if step == Step.SLEEP:
+        draft = None if state.draft is None else TargetState(policy=state.draft.policy)
+        return dataclasses.replace(
+            state, resident=False, mapped=False, verifier=TargetState(), draft=draft, sleep_level=None
+        )
+    if step == Step.WAKE_WEIGHTS:
+        return dataclasses.replace(state, mapped=True)
+    if step == Step.LOAD_VERIFIER and load is not None:
+        verifier = TargetState(revision=load.revision, digest=load.digest, path=load.path, verified=True)
+        resident = state.draft is None or state.draft.digest is not None
+        return dataclasses.replace(state, verifier=verifier, resident=resident)
+    if step in (Step.LOAD_DRAFT, Step.RESTORE_DRAFT) and load is not None:
+        policy = state.draft.policy if state.draft is not None else None
+        draft = TargetState(revision=load.revision, digest=load.digest, path=load.path, verified=True, policy=policy)
+        return dataclasses.replace(state, draft=draft, resident=True)
+    if step == Step.SET_VERSION:
+        return dataclasses.replace(state, weight_version=goal.weight_version)
+    if step == Step.RESUME:
+        return dataclasses.replace(state, paused=False, sleeping=False, sleep_level=0)
+    return state

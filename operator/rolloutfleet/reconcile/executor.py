@@ -13,7 +13,7 @@ import time
 
 from rolloutfleet.adapters import engine_wire
 from rolloutfleet.adapters.engine import EngineClient
-from rolloutfleet.api.engine import Target
+from rolloutfleet.api.engine import LoadResult, Target
 from rolloutfleet.api.fleet import StepTimeouts
 from rolloutfleet.planning.transaction import Goal, Step
 
@@ -29,8 +29,9 @@ class StepError(RuntimeError):
 
 def _timeout(step: Step, timeouts: StepTimeouts) -> float:
     if step in (Step.LOAD_VERIFIER, Step.LOAD_DRAFT, Step.RESTORE_DRAFT):
-        # A load in sleep mode also wakes the weights first.
-        return float(timeouts.load_seconds + timeouts.wake_seconds)
+        return float(timeouts.load_seconds)
+    if step == Step.WAKE_WEIGHTS:
+        return float(timeouts.wake_seconds)
     if step == Step.SLEEP:
         return float(timeouts.sleep_seconds)
     if step == Step.RESUME:
@@ -40,21 +41,21 @@ def _timeout(step: Step, timeouts: StepTimeouts) -> float:
     return float(timeouts.pause_seconds)
 
 
-async def _run(engine: EngineClient, step: Step, goal: Goal) -> None:
+async def _run(engine: EngineClient, step: Step, goal: Goal) -> LoadResult | None:
     if step == Step.PAUSE:
         await engine.pause(mode="keep", clear_cache=False)
     elif step == Step.SLEEP:
         await engine.sleep(2)
+    elif step == Step.WAKE_WEIGHTS:
+        await engine.wake_up(["weights"])
     elif step == Step.LOAD_VERIFIER:
-        if goal.sleep_mode:
-            await engine.wake_up(["weights"])
-        await engine.load(Target.VERIFIER, goal.verifier_path, goal.revision)
+        return await engine.load(Target.VERIFIER, goal.verifier_path, goal.revision)
     elif step == Step.LOAD_DRAFT:
         assert goal.draft_path is not None
-        await engine.load(Target.DRAFT, goal.draft_path, goal.revision)
+        return await engine.load(Target.DRAFT, goal.draft_path, goal.revision)
     elif step == Step.RESTORE_DRAFT:
         assert goal.frozen_draft_path is not None
-        await engine.restore_draft(goal.frozen_draft_path)
+        return await engine.restore_draft(goal.frozen_draft_path)
     elif step == Step.SET_VERSION:
         await engine.update_weight_version(goal.weight_version)
     elif step == Step.RESUME:
@@ -73,13 +74,16 @@ async def _run(engine: EngineClient, step: Step, goal: Goal) -> None:
                 raise StepError(step, "PrefixCacheBusy", "the prefix cache could not be reset after resume")
     else:
         raise ValueError(f"{step} is not an action")
+    return None
 
 
-async def execute(engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeouts) -> float:
-    """Run one step; return its duration in seconds, or raise ``StepError``."""
+async def execute(
+    engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeouts
+) -> tuple[float, LoadResult | None]:
+    """Run one step; return its duration in seconds and a load's result, or raise ``StepError``."""
     started = time.perf_counter()
     try:
-        await asyncio.wait_for(_run(engine, step, goal), timeout=_timeout(step, timeouts))
+        load = await asyncio.wait_for(_run(engine, step, goal), timeout=_timeout(step, timeouts))
     except TimeoutError as exc:
         raise StepError(step, "StepTimeout", f"no answer within {_timeout(step, timeouts):.0f}s") from exc
     except engine_wire.EngineRPCError as exc:
@@ -92,4 +96,4 @@ async def execute(engine: EngineClient, step: Step, goal: Goal, timeouts: StepTi
         raise StepError(step, "EngineHTTPError", str(exc)) from exc
     except engine_wire.EngineError as exc:
         raise StepError(step, "EngineError", str(exc)) from exc
-    return time.perf_counter() - started
+    return time.perf_counter() - started, load

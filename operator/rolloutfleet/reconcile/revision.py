@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import logging
 import time
@@ -197,9 +198,12 @@ class _Pass:
         self.loads = asyncio.Semaphore(self.plan.max_concurrent_loads or max(1, len(order)))
         self.key = self.rev.name if self.rev is not None else f"current-{self.goal.revision}"
         self.states: dict[str, engine.EngineState] = {}
+        self.stale: set[str] = set(order)  # pods whose state must be read from the engine
+        self.verified: set[str] = set()  # pods read from the engine when they were ready to resume or done
         self.decisions: dict[str, Decision] = {}
         self.messages: dict[str, str] = {}
         self.last_write = 0.0
+        self.timing = {"start": time.monotonic(), "rounds": 0, "observe": 0.0, "steps": 0.0, "status": 0.0}
         if self.rev is not None:
             for pod in self.rev.status.pods:  # attempts survive operator restarts through the status
                 prev = memory.attempts.get((self.key, pod.name), 0)
@@ -215,8 +219,34 @@ class _Pass:
                 f"moving {len(self.order)} pods to revision {self.goal.revision} "
                 f"({self.plan.mode.value}, {self.plan.rollout.value})",
             )
+        try:
+            return await self._rounds()
+        finally:
+            t = self.timing
+            log.info(
+                "pass %s: %d rounds in %.2fs (observe %.2fs, steps %.2fs, status %.2fs)",
+                self.key,
+                t["rounds"],
+                time.monotonic() - t["start"],
+                t["observe"],
+                t["steps"],
+                t["status"],
+            )
+
+    async def _rounds(self) -> PassOutcome:
         while True:
-            await self._observe()
+            self.timing["rounds"] += 1
+            mark = time.monotonic()
+            read = await self._observe()
+            self.timing["observe"] += time.monotonic() - mark
+            # Verify from the engines themselves before resuming a pod or calling it done.
+            # (A pod read right before its resume is verified; the resume's acknowledgement keeps it so.)
+            unverified = {p for p, d in self.decisions.items() if d.step == Step.RESUME} - read
+            unverified |= {p for p, d in self.decisions.items() if d.step == Step.DONE} - read - self.verified
+            self.verified |= {p for p in read if self.decisions[p].step in (Step.RESUME, Step.DONE)}
+            if unverified:
+                self.stale |= unverified
+                continue
             if self._complete():
                 await self._write_status(force=True)
                 return await self._finish()
@@ -228,26 +258,40 @@ class _Pass:
             if not chosen:
                 await self._write_status(force=True)
                 return PassOutcome(again=False, idle=False)
+            mark = time.monotonic()
             await asyncio.gather(*(self._step(pod, d) for pod, d in chosen.items()))
+            self.timing["steps"] += time.monotonic() - mark
+            mark = time.monotonic()
             await self._write_status()
+            self.timing["status"] += time.monotonic() - mark
             if self.interrupted():
                 await self._write_status(force=True)
                 return PassOutcome(again=True, idle=False)
 
-    async def _observe(self) -> None:
+    async def _observe(self) -> set[str]:
+        """Read the engines whose state is not known from an acknowledgement; decide every pod's step.
+
+        Returns the pods read. A step's success is an observation too (``transaction.acknowledged``), so
+        after the first round only pods that failed (or that must be verified before resuming) are read.
+        """
+
         async def one(pod: str) -> tuple[str, engine.EngineState]:
             try:
                 return pod, await self.clients[pod].observe()
             except Exception as exc:  # an engine answering garbage is unusable, not fatal to the pass
                 return pod, engine.EngineState.unreachable(f"{type(exc).__name__}: {exc}")
 
-        results = await asyncio.gather(*(one(p) for p in self.order))
-        now = time.monotonic()
-        goal = verification.with_reference_digests(self.goal, [state for _, state in results])
-        for pod, state in results:
+        read = [p for p in self.order if p in self.stale]
+        for pod, state in await asyncio.gather(*(one(p) for p in read)):
             self.states[pod] = state
+        self.stale.difference_update(read)
+        now = time.monotonic()
+        goal = verification.with_reference_digests(self.goal, list(self.states.values()))
+        for pod in self.order:
+            state = self.states[pod]
             decision = transaction.next_step(goal, state)
             if decision.step == Step.UNREACHABLE:
+                self.stale.add(pod)
                 since = self.memory.unreachable_since.setdefault(pod, now)
                 if now - since > self.spec.update_strategy.timeouts.wake_seconds:
                     self._fail(pod, "EngineUnreachable", decision.reason)
@@ -264,6 +308,7 @@ class _Pass:
             self.decisions[pod] = decision
         self.memory.engine_view = {p: self.states[p] for p in self.order}
         self.memory.steps = {p: d.step.value for p, d in self.decisions.items()}
+        return set(read)
 
     def _complete(self) -> bool:
         return len(self.order) >= self.spec.replicas and all(d.step == Step.DONE for d in self.decisions.values())
@@ -280,22 +325,19 @@ class _Pass:
         return [p for p in self.order if self._attempts(p) > self.plan.max_retries]
 
     async def _step(self, pod: str, decision: Decision) -> None:
-        limit = self.loads if decision.step in transaction.LOAD_STEPS else None
+        limit = self.loads if decision.step in transaction.LOAD_STEPS else contextlib.nullcontext()
+        timeouts = self.spec.update_strategy.timeouts
         try:
-            if limit is not None:
-                async with limit:
-                    seconds = await executor.execute(
-                        self.clients[pod], decision.step, self.goal, self.spec.update_strategy.timeouts
-                    )
-            else:
-                seconds = await executor.execute(
-                    self.clients[pod], decision.step, self.goal, self.spec.update_strategy.timeouts
-                )
+            async with limit:
+                seconds, load = await executor.execute(self.clients[pod], decision.step, self.goal, timeouts)
         except executor.StepError as exc:
             self._fail(pod, exc.reason, str(exc))
+            self.stale.add(pod)  # after a failure, only the engine can say where it is
+            self.verified.discard(pod)
             log.warning("pod %s: %s", pod, exc)
             await asyncio.sleep(min(2.0, 0.1 * 2 ** self._attempts(pod)))  # back off before the retry
             return
+        self.states[pod] = transaction.acknowledged(self.states[pod], decision.step, self.goal, load)
         self.memory.durations.setdefault(self.key, {}).setdefault(decision.step.value, []).append(seconds)
         self.ctx.metrics.step_duration.labels(decision.step.value, self.plan.mode.value).observe(seconds)
 

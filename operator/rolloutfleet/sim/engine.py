@@ -149,6 +149,7 @@ class EngineCore:
         base = {
             "ok": True,
             "resident": self.resident,
+            "mapped": mapped,
             "verifier": self.verifier.report(mapped),
             "draft": draft,
             "draft_method": self.spec.draft_method if self.draft is not None else None,
@@ -211,6 +212,17 @@ class EngineCore:
         for tag in wanted:
             if tag not in ("weights", "kv_cache"):
                 raise InternalError(f"unknown wake_up tag {tag!r}")
+        if not tags and self.weights_awake and not self.kv_awake:
+            # vLLM 0.26 re-maps every allocation on a tag-less wake, including weights already mapped:
+            # "CUDA Error: invalid argument" in cumem_allocator.cpp and HTTP 500 (measured on the H200).
+            raise InternalError("CUDA Error: invalid argument at csrc/cumem_allocator.cpp:169")
+        asleep = [t for t in wanted if not (self.weights_awake if t == "weights" else self.kv_awake)]
+        if not asleep and self.paused:
+            # Waking what is already awake resumes a paused scheduler (measured on vLLM 0.26, H200): a
+            # careless wake between the verifier and the draft loads would serve a mixed pair.
+            self.paused, self.pause_mode, self.paused_by_sleep = False, None, False
+            await self._notify()
+            return
         if "weights" in wanted and not self.weights_awake:
             size = self.cfg.verifier_bytes + (self.cfg.draft_bytes if self.draft is not None else 0)
             if self.lat.wake_bytes_per_s > 0:
@@ -292,9 +304,9 @@ class EngineCore:
         started = time.monotonic()
         slot.begin_load(path, revision)  # fail closed: a crash or error from here leaves no claim
         ckpt = await asyncio.to_thread(weights.resolve, path, target=target, config=self.cfg)
-        duration = self.lat.fixed(["rolloutfleet_load", f"rolloutfleet_load:{target}"])
-        if self.lat.load_bytes_per_s > 0:
-            duration += ckpt.bytes / self.lat.load_bytes_per_s
+        # The fixed per-step latency was already spent by the server (``SimulatedEngine._step``), before
+        # the action ran; here only the size-proportional part of the load is simulated.
+        duration = ckpt.bytes / self.lat.load_bytes_per_s if self.lat.load_bytes_per_s > 0 else 0.0
         if duration > 0:
             await asyncio.sleep(duration)
         digest = weights.synthetic_digest("corrupt:" + ckpt.path) if corrupt else ckpt.digest

@@ -7,6 +7,7 @@ run`` as a real subprocess watching all namespaces, logging to a file that faili
 
 from __future__ import annotations
 
+import os
 import pathlib
 import time
 from collections.abc import Iterator
@@ -66,3 +67,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     op = item.funcargs.get("operator_process") if hasattr(item, "funcargs") else None
     if report.failed and isinstance(op, OperatorProcess):
         report.sections.append(("operator log (tail)", "\n".join(op.log().splitlines()[-80:])))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _snapshot_kubeconfig(kubeconfig_path: pathlib.Path) -> None:
+    """Lets timeout messages (operator_helpers.eventually) include a snapshot of the cluster's pods."""
+    os.environ["ROLLOUTFLEET_TEST_KUBECONFIG"] = str(kubeconfig_path)

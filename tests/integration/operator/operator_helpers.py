@@ -87,7 +87,24 @@ def eventually(fn: Callable[[], T | None], timeout: float = 60, interval: float 
             if last:
                 return last
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}{_cluster_snapshot()}")
+
+
+def _cluster_snapshot() -> str:
+    """Pods and their phases across namespaces, to explain a timeout (best effort)."""
+    import os
+
+    from kubernetes import config
+
+    try:
+        api = config.new_client_from_config(config_file=os.environ.get("ROLLOUTFLEET_TEST_KUBECONFIG"))
+        pods = client.CoreV1Api(api).list_pod_for_all_namespaces().items
+    except Exception as exc:
+        return f"\n(no cluster snapshot: {exc})"
+    lines = [
+        f"{p.metadata.namespace}/{p.metadata.name} {p.status.phase} {p.status.pod_ip} {p.spec.node_name}" for p in pods
+    ]
+    return "\ncluster pods:\n" + "\n".join(lines[:60])
 
 
 def events_for(k8s_api: client.ApiClient, namespace: str, name: str) -> list[Any]:

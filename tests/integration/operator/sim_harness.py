@@ -4,7 +4,6 @@ tiny real safetensors checkpoints, and call-log analysis (order, barrier, concur
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import pathlib
 import threading
 from collections.abc import Coroutine
@@ -65,9 +64,17 @@ class FollowerThread:
         return self.call(read())
 
     def stop(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(BaseException):
-            self._task.result(timeout=10)
+        """Cancel the follower, close every engine's listener, then stop the loop (ports are free after)."""
+
+        async def shutdown() -> None:
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+            if self.follower.sim is not None:
+                await self.follower.sim.stop()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(timeout=30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
 

@@ -48,9 +48,9 @@ def harness(
 
 def assert_converged(api: client.CustomObjectsApi, ns: str, follower: FollowerThread, revision: int, pods: int) -> None:
     eventually(
-        lambda: all(
-            p.get("revision") == revision and p.get("step") == "Done"
-            for p in get_fleet(api, ns, "pol")["status"]["pods"]
+        lambda: (
+            bool(ps := fleet_pods(api, ns, pods))
+            and all(p.get("revision") == revision and p.get("step") == "Done" for p in ps)
         ),
         timeout=30,
         what=f"every pod serving revision {revision}",
@@ -60,6 +60,12 @@ def assert_converged(api: client.CustomObjectsApi, ns: str, follower: FollowerTh
     for key, log in logs.items():
         calls = [e for e in log if e.get("status") == 200 and e.get("step") not in ("completions",)]
         assert calls[-1]["step"] == "resume", (key, step_names(log)[-5:])
+
+
+def fleet_pods(api: client.CustomObjectsApi, ns: str, expected: int) -> list[dict[str, Any]]:
+    """The fleet's per-pod status once it lists every pod (empty until then)."""
+    pods: list[dict[str, Any]] = (get_fleet(api, ns, "pol").get("status") or {}).get("pods") or []
+    return pods if len(pods) == expected else []
 
 
 def assert_never_mixed(logs: dict[str, list[dict[str, Any]]]) -> int:

@@ -141,7 +141,7 @@ def test_all_at_once_sleep_mode_barrier(
     eventually(
         lambda: all(
             p.get("revision") == 1 and p.get("draftRevision") == 1
-            for p in get_fleet(api, namespace, "pol")["status"]["pods"]
+            for p in (get_fleet(api, namespace, "pol").get("status") or {}).get("pods") or [{}]
         ),
         timeout=30,
         what="fleet pods at revision 1",
@@ -192,7 +192,7 @@ def test_rolling_inflight_then_bad_path_rolls_back(
     eventually(
         lambda: all(
             p.get("revision") == 1 and p.get("step") == "Done"
-            for p in get_fleet(api, namespace, "pol")["status"]["pods"]
+            for p in (get_fleet(api, namespace, "pol").get("status") or {}).get("pods") or [{}]
         ),
         timeout=30,
         what="all pods back on revision 1 and serving",

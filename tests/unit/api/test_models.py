@@ -49,7 +49,9 @@ def fleet_errors(raw: dict[str, Any]) -> list[str]:
     return [str(e) for e in errors]
 
 
-def revision_errors(raw: dict[str, Any], fleet_raw: dict[str, Any] | None = BASE_FLEET, current: int | None = 2) -> list[str]:
+def revision_errors(
+    raw: dict[str, Any], fleet_raw: dict[str, Any] | None = BASE_FLEET, current: int | None = 2
+) -> list[str]:
     spec, errors = validation.parse_revision_spec(raw)
     if spec is None:
         return [str(e) for e in errors]
@@ -80,16 +82,32 @@ FLEET_CASES = [
     ("weights.allowedRoots", ["/data/p"], "spec.weights.allowedRoots[0]: must be under spec.weights.mountPath"),
     ("weights.claimName", "Bad_Name", "spec.weights.claimName: String should match pattern"),
     ("gpusPerPod", 6, "spec.tensorParallelSize: gpusPerPod (6) must be a multiple of tensorParallelSize (4)"),
-    ("updateStrategy.maxUnavailable", "0%", "spec.updateStrategy.maxUnavailable: must be an integer >= 1 or a percentage"),
+    (
+        "updateStrategy.maxUnavailable",
+        "0%",
+        "spec.updateStrategy.maxUnavailable: must be an integer >= 1 or a percentage",
+    ),
     ("updateStrategy.maxUnavailable", 0, "spec.updateStrategy.maxUnavailable: must be >= 1"),
     ("updateStrategy.mode", "hot", "spec.updateStrategy.mode: Input should be 'sleep' or 'inflight'"),
     ("updateStrategy.timeouts.loadSeconds", 0, "spec.updateStrategy.timeouts.loadSeconds: Input should be greater"),
     ("parity.logprobsMode", "weird", "spec.parity.logprobsMode: Input should be"),
-    ("extraArgs", ["--enable-prefix-caching"], "spec.extraArgs[0]: --enable-prefix-caching contradicts the parity profile"),
+    (
+        "extraArgs",
+        ["--enable-prefix-caching"],
+        "spec.extraArgs[0]: --enable-prefix-caching contradicts the parity profile",
+    ),
     ("extraArgs", ["--max-model-len=4096", "--async-scheduling"], "spec.extraArgs[1]: --async-scheduling contradicts"),
-    ("extraArgs", ["--logprobs-mode=raw_logprobs"], "spec.extraArgs[0]: --logprobs-mode contradicts the parity profile"),
+    (
+        "extraArgs",
+        ["--logprobs-mode=raw_logprobs"],
+        "spec.extraArgs[0]: --logprobs-mode contradicts the parity profile",
+    ),
     ("extraArgs", ["--port", "9000"], "spec.extraArgs[0]: --port is set by the operator"),
-    ("env", [{"name": "VLLM_SERVER_DEV_MODE", "value": "0"}], "spec.env[0].name: VLLM_SERVER_DEV_MODE is set by the operator"),
+    (
+        "env",
+        [{"name": "VLLM_SERVER_DEV_MODE", "value": "0"}],
+        "spec.env[0].name: VLLM_SERVER_DEV_MODE is set by the operator",
+    ),
     ("surprise", 1, "spec.surprise: Extra inputs are not permitted"),
 ]
 
@@ -129,14 +147,18 @@ REVISION_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("path", "value", "expected"), REVISION_CASES, ids=[f"{c[0]}={c[1]!r}" for c in REVISION_CASES])
+@pytest.mark.parametrize(
+    ("path", "value", "expected"), REVISION_CASES, ids=[f"{c[0]}={c[1]!r}" for c in REVISION_CASES]
+)
 def test_bad_revision_reports_field_path(path: str, value: Any, expected: str) -> None:
     errors = revision_errors(patched(BASE_REV, path, value))
     assert any(e.startswith(expected) for e in errors), errors
 
 
 def test_revision_for_missing_fleet() -> None:
-    assert revision_errors(BASE_REV, fleet_raw=None) == ["spec.fleetRef.name: RolloutFleet 'p' not found in this namespace"]
+    assert revision_errors(BASE_REV, fleet_raw=None) == [
+        "spec.fleetRef.name: RolloutFleet 'p' not found in this namespace"
+    ]
 
 
 def test_draft_given_for_fleet_without_draft() -> None:
@@ -146,7 +168,9 @@ def test_draft_given_for_fleet_without_draft() -> None:
 
 def test_draft_given_for_frozen_draft() -> None:
     fleet = patched(BASE_FLEET, "draft.policy", "frozen")
-    assert "spec.draft: the fleet's draft is frozen; revisions must not carry a draft" in revision_errors(BASE_REV, fleet)
+    assert "spec.draft: the fleet's draft is frozen; revisions must not carry a draft" in revision_errors(
+        BASE_REV, fleet
+    )
 
 
 def test_camel_case_on_the_wire() -> None:

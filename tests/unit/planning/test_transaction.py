@@ -115,3 +115,15 @@ def test_pods_must_agree_without_a_pinned_digest() -> None:
     tie = verification.with_reference_digests(SLEEP, [good, corrupt])
     assert next_step(tie, good).step == Step.VERIFY_FAILED and next_step(tie, corrupt).step == Step.VERIFY_FAILED
     assert verification.with_reference_digests(SLEEP, [good, good]) == SLEEP
+
+
+def test_weights_are_woken_only_when_unmapped() -> None:
+    asleep = dataclasses.replace(state(paused=True, resident=False, v=None, d=None, vd=None, dd=None), mapped=False)
+    assert next_step(SLEEP, asleep).step == Step.WAKE_WEIGHTS
+    woken = dataclasses.replace(asleep, mapped=True)
+    assert next_step(SLEEP, woken).step == Step.LOAD_VERIFIER
+
+
+def test_engines_without_weight_versions_skip_the_version_step() -> None:
+    loaded = dataclasses.replace(state(paused=True, v=2, d=2, version=None), versioned=False)
+    assert next_step(SLEEP, loaded).step == Step.RESUME
