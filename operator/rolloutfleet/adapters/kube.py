@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import datetime
 import json
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -24,6 +25,7 @@ from kubernetes.dynamic.exceptions import NotFoundError
 Manifest = dict[str, Any]
 T = TypeVar("T")
 FIELD_MANAGER = "rolloutfleet-operator"
+log = logging.getLogger(__name__)
 
 
 class KubeError(RuntimeError):
@@ -47,6 +49,7 @@ class Kube:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
         self.requests = 0  # API requests issued, for the rollout benchmark's per-pod accounting
         self.on_request: Callable[[str], None] | None = None  # metrics hook: called with the verb
+        self._event_warned = False
 
     @classmethod
     def from_environment(cls, kubeconfig: str | None = None) -> Kube:
@@ -197,8 +200,11 @@ class Kube:
         }
         try:
             await self.create(body)
-        except KubeError:
-            return
+        except KubeError as exc:
+            # Events never fail a reconcile, but a missing permission must not go unnoticed either.
+            if not self._event_warned:
+                self._event_warned = True
+                log.warning("cannot post events (further failures are not logged): %s", exc)
 
 
 def _reason(exc: ApiException) -> str:

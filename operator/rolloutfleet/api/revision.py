@@ -103,6 +103,16 @@ class PodProgress(WireModel):
     message: str | None = Field(default=None, description="Last error, if any.")
 
 
+class PodFailure(WireModel):
+    """Why one pod could not complete the revision (kept after a rollback)."""
+
+    name: str = Field(description="Pod name.")
+    step: str = Field(description="The step that failed last.")
+    reason: str = Field(description="CamelCase reason, e.g. ExtensionIo or StepTimeout.")
+    message: str = Field(default="", description="The engine's or the operator's message.")
+    attempts: int = Field(default=0, description="Failed attempts before the decision.")
+
+
 class StepTiming(WireModel):
     """Duration statistics of one transaction step across pods."""
 
@@ -129,6 +139,11 @@ class WeightRevisionStatus(WireModel):
     pods: list[PodProgress] = Field(
         default_factory=list,
         description="Per-pod progress.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    failures: list[PodFailure] = Field(
+        default_factory=list,
+        description="Per-pod failures that made the revision roll back or fail.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     timings: list[StepTiming] = Field(

@@ -19,6 +19,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
     parser.add_argument("--standalone", action="store_true", help="no peering (single replica only)")
     parser.add_argument("--peering", default=None, help="kopf peering object name (HA with several replicas)")
+    parser.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="peering priority (default: derived from POD_ID, so replicas never tie and pause each other)",
+    )
     parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("ROLLOUTFLEET_METRICS_PORT", "8080")))
     parser.add_argument("--liveness", default="http://0.0.0.0:8081/healthz", help="kopf liveness endpoint")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -38,8 +44,10 @@ def run(args: argparse.Namespace) -> int:
     namespaces = (
         [] if args.all_namespaces else (args.namespace or [os.environ.get("ROLLOUTFLEET_WATCH_NAMESPACE", "default")])
     )
+    priority = args.priority if args.priority is not None else _priority(os.environ.get("POD_ID", ""))
     asyncio.run(
         kopf.operator(
+            priority=priority,
             clusterwide=args.all_namespaces,
             namespaces=namespaces,
             standalone=args.standalone,
@@ -48,3 +56,12 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def _priority(pod_id: str) -> int:
+    """A stable per-replica peering priority: kopf pauses every replica that ties with another live one."""
+    if not pod_id:
+        return 0
+    import zlib
+
+    return 1 + zlib.crc32(pod_id.encode()) % 10_000

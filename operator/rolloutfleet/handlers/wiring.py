@@ -133,6 +133,22 @@ async def revision_loop(
     ctx: OperatorContext = memo.ctx
     assert namespace is not None  # RolloutFleet is namespaced
     memory = ctx.memory(namespace, name)
+    try:
+        await _revision_passes(ctx, namespace, name, memory, stopped, logger)
+    finally:  # also on cancellation: close the engines' connection pool
+        if memory.pool is not None:
+            await memory.pool.close()
+        ctx.fleets.pop((namespace, name), None)
+
+
+async def _revision_passes(
+    ctx: OperatorContext,
+    namespace: str,
+    name: str,
+    memory: Any,
+    stopped: kopf.DaemonStopped,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> None:
     while not stopped:
         memory.kick.clear()
         try:
@@ -147,9 +163,6 @@ async def revision_loop(
             continue
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(memory.kick.wait(), timeout=IDLE_SECONDS if outcome.idle else 1.0)
-    if memory.pool is not None:
-        await memory.pool.close()
-    ctx.fleets.pop((namespace, name), None)
 
 
 def _kick(memo: kopf.Memo, namespace: str | None, spec: Any) -> None:

@@ -11,7 +11,7 @@ import statistics
 
 from rolloutfleet.api import conditions
 from rolloutfleet.api.engine import EngineState
-from rolloutfleet.api.revision import Phase, PodProgress, StepTiming, WeightRevisionStatus
+from rolloutfleet.api.revision import Phase, PodFailure, PodProgress, StepTiming, WeightRevisionStatus
 from rolloutfleet.planning import revisions
 from rolloutfleet.planning.transaction import Decision, Goal, Step
 
@@ -103,7 +103,9 @@ def progressing(
     )
 
 
-def rolling_back(old: WeightRevisionStatus, message: str, generation: int) -> WeightRevisionStatus:
+def rolling_back(
+    old: WeightRevisionStatus, message: str, generation: int, failures: list[PodFailure] | None = None
+) -> WeightRevisionStatus:
     """The decision to roll back, recorded so a restarted operator keeps rolling back."""
     conds = conditions.set_condition(
         list(old.conditions), READY, False, revisions.ROLLING_BACK, message, observed_generation=generation
@@ -114,6 +116,7 @@ def rolling_back(old: WeightRevisionStatus, message: str, generation: int) -> We
             "phase": Phase.PROGRESSING,
             "reason": revisions.ROLLING_BACK,
             "message": message,
+            "failures": failures or old.failures,
             "pods": [p.model_copy(update={"attempts": 0}) for p in old.pods],
             "conditions": conds,
         }

@@ -23,7 +23,7 @@ from typing import Any
 from rolloutfleet.adapters.engine import EnginePool
 from rolloutfleet.api import common, engine, validation
 from rolloutfleet.api.fleet import RolloutFleetSpec
-from rolloutfleet.api.revision import Phase, WeightRevisionStatus
+from rolloutfleet.api.revision import Phase, PodFailure, WeightRevisionStatus
 from rolloutfleet.planning import revision_status, revisions, rollout, transaction, verification
 from rolloutfleet.planning.transaction import Decision, Goal, Step
 from rolloutfleet.reconcile import executor
@@ -202,6 +202,7 @@ class _Pass:
         self.verified: set[str] = set()  # pods read from the engine when they were ready to resume or done
         self.decisions: dict[str, Decision] = {}
         self.messages: dict[str, str] = {}
+        self.reasons: dict[str, str] = {}
         self.last_write = 0.0
         self.timing = {"start": time.monotonic(), "rounds": 0, "observe": 0.0, "steps": 0.0, "status": 0.0}
         if self.rev is not None:
@@ -319,6 +320,7 @@ class _Pass:
     def _fail(self, pod: str, reason: str, message: str) -> None:
         self.memory.attempts[(self.key, pod)] = self._attempts(pod) + 1
         self.messages[pod] = f"{reason}: {message}"
+        self.reasons[pod] = reason
         self.ctx.metrics.update_failures.labels(self.decisions.get(pod, Decision(Step.PAUSE)).step.value, reason).inc()
 
     def _exhausted(self) -> list[str]:
@@ -402,8 +404,19 @@ class _Pass:
             )
             return PassOutcome(again=False, idle=False)
         self.ctx.metrics.rollbacks.inc(len(self.order))
+        failures = [
+            PodFailure(
+                name=pod,
+                step=self.decisions[pod].step.value if pod in self.decisions else "Unknown",
+                reason=self.reasons.get(pod, "Failed"),
+                message=self.messages.get(pod, ""),
+                attempts=self._attempts(pod),
+            )
+            for pod in self.order
+            if pod in self.messages
+        ]
         new = revision_status.rolling_back(
-            rev.status, f"rolling back to the previous revision: {detail}", _generation(rev.body)
+            rev.status, f"rolling back to the previous revision: {detail}", _generation(rev.body), failures
         )
         await _write_revision(self.ctx, rev, new)
         await self.ctx.kube.event(_wrev_ref(rev.body), "Warning", revisions.ROLLING_BACK, new.message or detail)

@@ -81,11 +81,6 @@ def test_operator_pod_is_admitted_under_restricted_pod_security(
     assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr, refused.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kopf peering pauses every replica of equal priority and `rolloutfleet run` has no --priority "
-    "(both replicas run at priority 0): HA needs a distinct priority per replica in the operator",
-)
 def test_two_peered_replicas_complete_a_rollout(
     chart_crds: list[str],
     k8s_api: client.ApiClient,

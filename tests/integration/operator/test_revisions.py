@@ -187,6 +187,9 @@ def test_rolling_inflight_then_bad_path_rolls_back(
     )
     assert done["status"]["phase"] == "RolledBack", done["status"]
     assert "missing" in done["status"]["message"]
+    failures = done["status"]["failures"]
+    assert failures and {f["reason"] for f in failures} == {"ExtensionInvalidPath"}, failures
+    assert all("missing" in f["message"] and f["step"] == "LoadVerifier" for f in failures), failures
     fleet = get_fleet(api, namespace, "pol")
     assert fleet["status"]["currentRevision"] == 1
     eventually(
