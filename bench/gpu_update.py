@@ -38,7 +38,6 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 # The model writer and the server launcher are the GPU tier's own (tests/gpu/gpu_support.py).
 sys.path[:0] = [str(REPO / "operator"), str(REPO / "worker_image"), str(REPO / "tests" / "gpu")]
 
-import engine_workarounds  # noqa: E402
 import gpu_support  # noqa: E402
 
 from rolloutfleet.adapters.engine import EngineClient, EnginePool, EngineTimeouts  # noqa: E402
@@ -162,8 +161,6 @@ async def stock(client: EngineClient, url: str, path: str, nbytes: int, sleep: b
 
 async def measure(args: argparse.Namespace, revs: dict[str, str], digests: dict[str, str], out: dict[str, Any]) -> None:
     nbytes = checkpoint_bytes(revs["verifier-b"])
-    # observe() reads /weight_info, which vLLM 0.26 lacks: answer it locally on a 404 (tests/gpu does the same).
-    engine_workarounds.install()
     t0 = time.monotonic()
     server = gpu_support.start_server(
         revs["verifier-a"],

@@ -16,7 +16,6 @@ import pathlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import engine_workarounds
 import gpu_support
 import pytest
 
@@ -48,7 +47,6 @@ def record(results_dir: pathlib.Path) -> Iterator[dict[str, Any]]:
     """A dict the tests fill with measurements; written as gpu-suite.json at the end of the session."""
     data: dict[str, Any] = {}
     yield data
-    data["engine_workarounds_fallbacks"] = dict(engine_workarounds.FALLBACKS)
     (results_dir / "gpu-suite.json").write_text(json.dumps(data, indent=1, default=str))
 
 
@@ -95,7 +93,6 @@ def server(
 
 @pytest.fixture
 async def pool(server: gpu_support.Server) -> AsyncIterator[EnginePool]:
-    engine_workarounds.install()
     async with EnginePool(
         token=server.token, retry=RetryPolicy(attempts=2, base_delay=0.05), reset=ResetPolicy(attempts=50)
     ) as p:

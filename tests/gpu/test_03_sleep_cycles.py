@@ -24,8 +24,9 @@ from rolloutfleet.planning import transaction
 
 pytestmark = pytest.mark.gpu
 
-SLEEP_STEPS = ["Pause", "Sleep", "LoadVerifier", "LoadDraft", "SetWeightVersion", "Resume"]
-INFLIGHT_STEPS = ["Pause", "LoadVerifier", "LoadDraft", "SetWeightVersion", "Resume"]
+# vLLM 0.26 has no weight-version routes: the planner skips SetWeightVersion there (feature-detected).
+SLEEP_STEPS = ["Pause", "Sleep", "WakeWeights", "LoadVerifier", "LoadDraft", "Resume"]
+INFLIGHT_STEPS = ["Pause", "LoadVerifier", "LoadDraft", "Resume"]
 
 
 async def test_ten_level2_sleep_cycles_through_the_transaction(

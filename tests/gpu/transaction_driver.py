@@ -42,7 +42,6 @@ async def converge(client: EngineClient, goal: transaction.Goal, *, max_steps: i
         if decision.step == transaction.Step.DONE:
             return steps
         assert decision.step in transaction.ACTIONS, (decision, state)
-        seconds = await executor.execute(client, decision.step, goal, timeouts)
-        took = seconds[0] if isinstance(seconds, tuple) else seconds  # executor may return (seconds, detail)
+        took, _ = await executor.execute(client, decision.step, goal, timeouts)
         steps.append((decision.step.value, round(float(took), 4)))
     raise AssertionError(f"no convergence to revision {goal.revision} within {max_steps} steps: {steps}")
