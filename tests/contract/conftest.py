@@ -26,10 +26,13 @@ from rolloutfleet.adapters.engine import EngineClient, EnginePool, ResetPolicy, 
 from rolloutfleet.sim import EngineSpec, SimulatedFleet
 
 
-@pytest.fixture
-async def target(tmp_path: pathlib.Path) -> AsyncIterator[Target]:
+# The simulator plays both vLLM releases the project meets: 0.33 (the image) and 0.26 (the lent GPU).
+@pytest.fixture(params=["0.33", "0.26"], ids=lambda v: f"sim-vllm{v}")
+async def target(tmp_path: pathlib.Path, request: pytest.FixtureRequest) -> AsyncIterator[Target]:
     url = os.environ.get("ROLLOUTFLEET_CONTRACT_URL")
     if url:
+        if request.param != "0.33":
+            pytest.skip("a real engine is one release: the suite runs against it once")
         root = pathlib.Path(os.environ["ROLLOUTFLEET_CONTRACT_WEIGHTS"])
         weights = Weights(*(str(root / n) for n in ("verifier-a", "verifier-b", "draft-a", "draft-b")), empty=None)
         yield Target(url, os.environ["ROLLOUTFLEET_CONTRACT_TOKEN"], weights, real=True)
@@ -42,7 +45,12 @@ async def target(tmp_path: pathlib.Path) -> AsyncIterator[Target]:
         draft_b=write_checkpoint(tmp_path / "draft-b", 2, layers=1),
         empty=str(tmp_path / "empty"),
     )
-    spec = EngineSpec(verifier_path=weights.verifier_a, draft_path=weights.draft_a, draft_policy="coUpdate")
+    spec = EngineSpec(
+        verifier_path=weights.verifier_a,
+        draft_path=weights.draft_a,
+        draft_policy="coUpdate",
+        vllm_version=request.param,
+    )
     async with SimulatedFleet(token=TOKEN, spec=spec) as fleet:
         engine = await fleet.add("127.0.0.1", 0)
         yield Target(engine.url, TOKEN, weights, real=False)

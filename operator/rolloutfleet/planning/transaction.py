@@ -44,7 +44,16 @@ class Step(enum.StrEnum):
 
 
 ACTIONS = frozenset(
-    {Step.PAUSE, Step.SLEEP, Step.LOAD_VERIFIER, Step.LOAD_DRAFT, Step.RESTORE_DRAFT, Step.SET_VERSION, Step.RESUME}
+    {
+        Step.PAUSE,
+        Step.SLEEP,
+        Step.WAKE_WEIGHTS,
+        Step.LOAD_VERIFIER,
+        Step.LOAD_DRAFT,
+        Step.RESTORE_DRAFT,
+        Step.SET_VERSION,
+        Step.RESUME,
+    }
 )
 LOAD_STEPS = frozenset({Step.LOAD_VERIFIER, Step.LOAD_DRAFT, Step.RESTORE_DRAFT})
 

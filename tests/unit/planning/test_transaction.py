@@ -127,3 +127,10 @@ def test_weights_are_woken_only_when_unmapped() -> None:
 def test_engines_without_weight_versions_skip_the_version_step() -> None:
     loaded = dataclasses.replace(state(paused=True, v=2, d=2, version=None), versioned=False)
     assert next_step(SLEEP, loaded).step == Step.RESUME
+
+
+def test_every_action_is_an_action() -> None:
+    from rolloutfleet.planning.transaction import ACTIONS
+
+    verdicts = {Step.DONE, Step.VERIFY_FAILED, Step.UNREACHABLE}
+    assert set(Step) - verdicts == ACTIONS
