@@ -175,6 +175,35 @@ class EngineClient:
         value = body["weight_version"]
         return None if value is None else str(value)
 
+    async def greedy_logprobs(self, prompt_token_ids: Sequence[int], max_tokens: int) -> list[float]:
+        """Processed logprobs of the greedy continuation of ``prompt_token_ids`` (the parity probe).
+
+        A generation request (``/v1/completions``, open route): temperature 0, one logprob per token, tokens
+        as ids so no tokenizer is needed.
+        """
+        body = await self._call(
+            "POST",
+            "/v1/completions",
+            step="parity_probe",
+            json={
+                "prompt": list(prompt_token_ids),
+                "max_tokens": max_tokens,
+                "temperature": 0.0,
+                "logprobs": 0,
+                "return_tokens_as_token_ids": True,
+            },
+            idempotent=True,
+        )
+        try:
+            values = body["choices"][0]["logprobs"]["token_logprobs"]
+            return [float(v) for v in values]
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise EngineProtocolError(
+                f"unexpected completion body for the parity probe: {str(body)[:200]}",
+                url=self.base_url,
+                step="parity_probe",
+            ) from exc
+
     async def health(self) -> None:
         """``GET /health``: returns when 200, raises otherwise. It does not reflect sleep or pause."""
         await self._call("GET", "/health", step="health", idempotent=True)

@@ -113,6 +113,16 @@ class PodFailure(WireModel):
     attempts: int = Field(default=0, description="Failed attempts before the decision.")
 
 
+class ParityProbeResult(WireModel):
+    """The parity probe's verdict on the canary pods."""
+
+    passed: bool = Field(description="Every canary matched the expected logprobs within the tolerance.")
+    max_abs_diff: float | None = Field(default=None, description="Largest absolute difference seen.")
+    tolerance: float = Field(description="The tolerance applied.")
+    pods: list[str] = Field(default_factory=list, description="Canary pods probed.")
+    message: str = Field(default="", description="Details (the first mismatch, or an engine error).")
+
+
 class StepTiming(WireModel):
     """Duration statistics of one transaction step across pods."""
 
@@ -141,6 +151,7 @@ class WeightRevisionStatus(WireModel):
         description="Per-pod progress.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
+    parity_probe: ParityProbeResult | None = Field(default=None, description="Result of the parity probe, if any.")
     failures: list[PodFailure] = Field(
         default_factory=list,
         description="Per-pod failures that made the revision roll back or fail.",

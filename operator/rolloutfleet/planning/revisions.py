@@ -104,9 +104,16 @@ def mode_of(fleet: RolloutFleetSpec, rev: Revision | None) -> UpdateMode:
 
 
 def plan_budget(fleet: RolloutFleetSpec, rev: Revision | None, total: int) -> rollout.Budget:
-    """The strategy in force for ``rev`` (the fleet's when there is no revision)."""
+    """The strategy in force for ``rev`` (the fleet's when there is no revision).
+
+    A revision with a parity probe always has at least one canary: the probe runs on the canaries before
+    the rest of the fleet moves.
+    """
     override = rev.spec.strategy if rev is not None and rev.spec is not None else None
-    return rollout.budget(fleet.update_strategy, override, total)
+    plan = rollout.budget(fleet.update_strategy, override, total)
+    if rev is not None and rev.spec is not None and rev.spec.parity_probe is not None and plan.canary < 1:
+        plan = dataclasses.replace(plan, canary=min(1, total))
+    return plan
 
 
 def select(fleet: RolloutFleetSpec, current_revision: int | None, revisions: list[Revision]) -> Selection:

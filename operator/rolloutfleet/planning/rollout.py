@@ -55,10 +55,15 @@ def out_of_service(decision: Decision) -> bool:
     return decision.step not in (Step.DONE, Step.PAUSE, Step.UNREACHABLE)
 
 
-def admit(decisions: dict[str, Decision], order: list[str], plan: Budget) -> dict[str, Decision]:
-    """The decisions to execute this round (a subset of ``decisions``; verdicts are never returned)."""
+def admit(
+    decisions: dict[str, Decision], order: list[str], plan: Budget, *, gate_open: bool = True
+) -> dict[str, Decision]:
+    """The decisions to execute this round (a subset of ``decisions``; verdicts are never returned).
+
+    ``gate_open`` is False while the canaries still await their parity probe: the rest do not start.
+    """
     canaries = order[: plan.canary]
-    canaries_done = all(decisions[p].step == Step.DONE for p in canaries if p in decisions)
+    canaries_done = gate_open and all(decisions[p].step == Step.DONE for p in canaries if p in decisions)
     busy = sum(1 for d in decisions.values() if out_of_service(d))
     limit = plan.max_unavailable if plan.rollout == RolloutType.ROLLING else len(order)
     barrier_open = all(

@@ -60,3 +60,17 @@ def with_reference_digests(goal: Goal, states: Iterable[EngineState]) -> Goal:
         draft_digest=updates.get("draft_digest", goal.draft_digest),
         frozen_draft_digest=updates.get("frozen_draft_digest", goal.frozen_draft_digest),
     )
+
+
+def probe_verdict(expected: list[float], observed: list[float], tolerance: float) -> tuple[float, str | None]:
+    """(largest absolute difference, why it fails or None) of one canary's parity probe."""
+    if len(observed) != len(expected):
+        return float("inf"), f"the engine returned {len(observed)} logprobs, expected {len(expected)}"
+    worst = max((abs(a - b) for a, b in zip(expected, observed, strict=True)), default=0.0)
+    if worst > tolerance:
+        index = max(range(len(expected)), key=lambda i: abs(expected[i] - observed[i]))
+        return worst, (
+            f"token {index}: logprob {observed[index]:.4f} vs expected {expected[index]:.4f} "
+            f"(|diff| {worst:.4f} > tolerance {tolerance})"
+        )
+    return worst, None

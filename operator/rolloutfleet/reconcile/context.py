@@ -30,6 +30,7 @@ class FleetMemory:
     started: dict[str, float] = dataclasses.field(default_factory=dict)
     engine_view: dict[str, EngineState] = dataclasses.field(default_factory=dict)
     steps: dict[str, str] = dataclasses.field(default_factory=dict)
+    probe_passed: dict[str, bool] = dataclasses.field(default_factory=dict)
     pool: EnginePool | None = None
     pool_token: str | None = None
     kick: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)

@@ -23,7 +23,7 @@ from typing import Any
 from rolloutfleet.adapters.engine import EnginePool
 from rolloutfleet.api import common, engine, validation
 from rolloutfleet.api.fleet import RolloutFleetSpec
-from rolloutfleet.api.revision import Phase, PodFailure, WeightRevisionStatus
+from rolloutfleet.api.revision import ParityProbe, ParityProbeResult, Phase, PodFailure, WeightRevisionStatus
 from rolloutfleet.planning import revision_status, revisions, rollout, transaction, verification
 from rolloutfleet.planning.transaction import Decision, Goal, Step
 from rolloutfleet.reconcile import executor
@@ -204,6 +204,7 @@ class _Pass:
         self.messages: dict[str, str] = {}
         self.reasons: dict[str, str] = {}
         self.last_write = 0.0
+        self.probe_result: ParityProbeResult | None = None
         self.timing = {"start": time.monotonic(), "rounds": 0, "observe": 0.0, "steps": 0.0, "status": 0.0}
         if self.rev is not None:
             for pod in self.rev.status.pods:  # attempts survive operator restarts through the status
@@ -251,11 +252,12 @@ class _Pass:
             if self._complete():
                 await self._write_status(force=True)
                 return await self._finish()
+            await self._parity_probe()
             failed = self._exhausted()
             if failed:
                 await self._write_status(force=True)
                 return await self._give_up(failed)
-            chosen = rollout.admit(self.decisions, self.order, self.plan)
+            chosen = rollout.admit(self.decisions, self.order, self.plan, gate_open=self._probe_gate_open())
             if not chosen:
                 await self._write_status(force=True)
                 return PassOutcome(again=False, idle=False)
@@ -310,6 +312,51 @@ class _Pass:
         self.memory.engine_view = {p: self.states[p] for p in self.order}
         self.memory.steps = {p: d.step.value for p, d in self.decisions.items()}
         return set(read)
+
+    def _probe_spec(self) -> ParityProbe | None:
+        if self.rev is None or self.rev.spec is None or self.sel.rolling_back:
+            return None
+        return self.rev.spec.parity_probe
+
+    def _probe_gate_open(self) -> bool:
+        return self._probe_spec() is None or self.memory.probe_passed.get(self.key, False)
+
+    async def _parity_probe(self) -> None:
+        """Once every canary serves the revision, check its processed logprobs against the trainer's."""
+        probe = self._probe_spec()
+        canaries = self.order[: self.plan.canary]
+        if probe is None or self._probe_gate_open() or not canaries:
+            return
+        if not all(self.decisions[p].step == Step.DONE for p in canaries):
+            return
+        expected = list(probe.expected_logprobs)
+
+        async def one(pod: str) -> tuple[str, float, str | None]:
+            try:
+                seen = await self.clients[pod].greedy_logprobs(probe.prompt_token_ids, len(expected))
+            except Exception as exc:  # an engine error is a failed probe, with its message
+                return pod, float("inf"), f"{type(exc).__name__}: {exc}"
+            worst, why = verification.probe_verdict(expected, seen, probe.tolerance)
+            return pod, worst, why
+
+        results = await asyncio.gather(*(one(p) for p in canaries))
+        worst = max(r[1] for r in results)
+        failures = [(pod, why) for pod, _, why in results if why is not None]
+        message = "; ".join(f"{pod}: {why}" for pod, why in failures) or f"{len(canaries)} canaries match"
+        self.probe_result = ParityProbeResult(
+            passed=not failures,
+            max_abs_diff=None if worst == float("inf") else round(worst, 6),
+            tolerance=probe.tolerance,
+            pods=list(canaries),
+            message=message[:1024],
+        )
+        if not failures:
+            self.memory.probe_passed[self.key] = True
+            return
+        for pod, why in failures:
+            # A logprob mismatch is not transient: no retry, the revision rolls back.
+            self.memory.attempts[(self.key, pod)] = self.plan.max_retries
+            self._fail(pod, "ParityProbeFailed", why or "mismatch")
 
     def _complete(self) -> bool:
         return len(self.order) >= self.spec.replicas and all(d.step == Step.DONE for d in self.decisions.values())
@@ -369,6 +416,8 @@ class _Pass:
             rolling_back=self.sel.rolling_back,
             generation=_generation(self.rev.body),
         )
+        if self.probe_result is not None:
+            new = new.model_copy(update={"parity_probe": self.probe_result})
         await _write_revision(self.ctx, self.rev, new)
 
     async def _finish(self) -> PassOutcome:

@@ -36,6 +36,16 @@ from rolloutfleet.sim import weights
 from rolloutfleet.sim.config import EngineSpec, Latencies, WeightsConfig
 
 
+def reference_logprob(verifier_path: str, revision: int | None, prompt: list[int], i: int) -> float:
+    """The simulated processed logprob of greedy token ``i`` with these weights.
+
+    What a trainer's reference forward pass gives in the parity probe: tests compute expected logprobs
+    with it, and an engine holding other weights answers something else.
+    """
+    h = blake3.blake3(f"logprob|{verifier_path}|{revision}|{prompt}|{i}".encode()).digest(4)
+    return -round(int.from_bytes(h, "little") % 5000 / 1000.0, 3)
+
+
 class EngineLog:
     """The ordered call log of one simulated engine (kept across crashes/restarts)."""
 
@@ -334,6 +344,7 @@ class EngineCore:
         self._active[req.rid] = req
         t_start = time.monotonic()
         tokens: list[int] = []
+        logprobs: list[float] = []
         spans: list[dict[str, Any]] = []
         runs: list[dict[str, Any]] = []
         try:
@@ -344,6 +355,7 @@ class EngineCore:
                     break
                 req.holds_blocks = True
                 tokens.append(self._token(prompt, i))
+                logprobs.append(self._logprob(prompt, i))
                 self._count_spec_step()
                 self._extend(spans, self.weight_version, i)
                 self._extend_run(runs, self.pair())
@@ -356,7 +368,14 @@ class EngineCore:
         self.counters["prompt_tokens"] += len(prompt)
         self.counters["success"] += 0 if req.aborted else 1
         finish = "abort" if req.aborted else "length"
-        return {"tokens": tokens, "spans": spans, "runs": runs, "finish_reason": finish, "t_start": t_start}
+        return {
+            "tokens": tokens,
+            "logprobs": logprobs,
+            "spans": spans,
+            "runs": runs,
+            "finish_reason": finish,
+            "t_start": t_start,
+        }
 
     def _token(self, prompt: list[int], i: int) -> int:
         content = self.verifier.content
@@ -364,6 +383,13 @@ class EngineCore:
             return 0  # weights read zero after sleep(2) + wake without reload: token 0 forever
         h = blake3.blake3(f"{content}|{prompt}|{i}".encode()).digest(8)
         return 1 + int.from_bytes(h, "little") % (self.spec.vocab_size - 1)
+
+    def _logprob(self, prompt: list[int], i: int) -> float:
+        """The processed logprob of the greedy token: a function of the weights held (like a real engine)."""
+        content = self.verifier.content
+        if content is None:
+            return 0.0  # all-zero weights give uniform logits... and token 0; what matters is it differs
+        return reference_logprob(content[1], content[2], prompt, i)
 
     def _count_spec_step(self) -> None:
         if self.draft is None:

@@ -402,6 +402,14 @@ class SimulatedEngine:
             }
             if body.get("return_token_ids"):
                 choice["token_ids"] = out["tokens"]
+            if body.get("logprobs") is not None:
+                # vLLM's completion logprobs shape; tokens as ids (return_tokens_as_token_ids, no tokenizer).
+                choice["logprobs"] = {
+                    "text_offset": [0] * len(out["tokens"]),
+                    "token_logprobs": out["logprobs"],
+                    "tokens": [f"token_id:{t}" for t in out["tokens"]],
+                    "top_logprobs": None,
+                }
             if body.get("return_weight_versions"):
                 choice["weight_versions"] = out["spans"]
             n = len(out["tokens"])

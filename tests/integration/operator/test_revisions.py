@@ -248,3 +248,58 @@ async def _slow_loads(follower: FollowerThread, seconds: float) -> None:
     assert sim is not None
     for engine in sim.engines.values():
         engine.add_fault(FaultRule(step="rolloutfleet_load", kind=FaultKind.SLOW, delay=seconds, count=100))
+
+
+def probe_for(root: pathlib.Path, revision: int, *, shift: float = 0.0) -> dict[str, Any]:
+    from rolloutfleet.sim.engine import reference_logprob
+
+    prompt = [5, 17, 42, 7]
+    path = str(root / f"policy/step-{revision}/verifier")
+    expected = [reference_logprob(path, revision, prompt, i) + shift for i in range(6)]
+    return {"promptTokenIds": prompt, "expectedLogprobs": expected, "tolerance": 0.01}
+
+
+def test_parity_probe_gates_the_fleet_on_its_canary(
+    sim_fleet: tuple[FollowerThread, pathlib.Path], k8s_api: client.ApiClient, namespace: str
+) -> None:
+    follower, root = sim_fleet
+    api = client.CustomObjectsApi(k8s_api)
+    make_fleet(api, namespace, root, "pol", 4, rollout="Rolling", maxUnavailable=2)
+    wait_engines(api, follower, namespace, 4)
+    api.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "weightrevisions", wrev("step-1", "pol", 1, root, parityProbe=probe_for(root, 1))
+    )
+    done = eventually(lambda: phase_is(api, namespace, "step-1", *FINAL), timeout=120, what="step-1")
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    probe = done["status"]["parityProbe"]
+    assert probe["passed"] and probe["pods"] == ["pol-0"] and probe["maxAbsDiff"] <= 0.01, probe
+    logs = list(follower.logs().values())
+    canary = min(logs, key=lambda log: _first(log, "pause"))
+    others = [log for log in logs if log is not canary]
+    # Nobody else left service before the canary served the new weights and passed the probe.
+    assert all(_first(log, "pause") > _first(canary, "resume") for log in others)
+
+    # Logprobs that do not match: the canary fails the probe, the revision rolls back, the rest never moved.
+    before = {k: step_names(v).count("pause:keep") for k, v in follower.logs().items()}
+    api.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "weightrevisions",
+        wrev("step-2", "pol", 2, root, parityProbe=probe_for(root, 2, shift=0.5)),
+    )
+    bad = eventually(lambda: phase_is(api, namespace, "step-2", *FINAL), timeout=120, what="step-2")
+    assert bad["status"]["phase"] == "RolledBack", bad["status"]
+    assert not bad["status"]["parityProbe"]["passed"]
+    assert {f["reason"] for f in bad["status"]["failures"]} == {"ParityProbeFailed"}
+    after = {k: step_names(v).count("pause:keep") for k, v in follower.logs().items()}
+    moved = [k for k in after if after[k] > before[k]]
+    assert len(moved) == 1, moved  # only the canary was ever taken out of service
+    assert get_fleet(api, namespace, "pol")["status"]["currentRevision"] == 1
+
+
+FINAL = ("Succeeded", "Failed", "RolledBack")
+
+
+def _first(log: list[dict[str, Any]], step: str) -> float:
+    return min((e["t"] for e in log if e.get("step") == step and e.get("status") == 200), default=float("inf"))
