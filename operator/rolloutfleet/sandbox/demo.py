@@ -13,10 +13,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import pathlib
 import subprocess
-import sys
 import time
 from typing import Any, cast
 
@@ -25,7 +23,7 @@ from kubernetes import client, config
 from rolloutfleet.adapters.kube import Kube
 from rolloutfleet.api import crdgen
 from rolloutfleet.digest import digest_directory
-from rolloutfleet.sandbox import binaries, cluster, demo_weights
+from rolloutfleet.sandbox import binaries, cluster, demo_weights, operator_process
 from rolloutfleet.sim.config import Latencies
 from rolloutfleet.sim.follower import PodFollower
 
@@ -66,7 +64,7 @@ async def _main(args: argparse.Namespace) -> int:
     follower_task: asyncio.Task[None] | None = None
     try:
         await _install(kube, workdir)
-        operator = _start_operator(local.kubeconfig, local.directory / "logs" / "operator.log")
+        operator = operator_process.start(local.kubeconfig, local.directory / "logs" / "operator.log")
         say(f"operator running (pid {operator.pid}, log {local.directory / 'logs' / 'operator.log'})")
         follower = PodFollower(api, NAMESPACE, FLEET, latencies=LATENCIES, interval=0.2)
         follower_task = asyncio.create_task(follower.run())
@@ -181,30 +179,6 @@ async def _install(kube: Kube, workdir: pathlib.Path) -> None:
     }
     await kube.apply(fleet)
     say(f"RolloutFleet {NAMESPACE}/{FLEET}: {PODS} pods, draft_model draft co-updated, parity profile on")
-
-
-def _start_operator(kubeconfig: pathlib.Path, log: pathlib.Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, KUBECONFIG=str(kubeconfig), ROLLOUTFLEET_RESYNC_SECONDS="2", ROLLOUTFLEET_IDLE_SECONDS="1")
-    log.parent.mkdir(parents=True, exist_ok=True)
-    sink = log.open("ab")
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rolloutfleet.cli",
-            "run",
-            "-A",
-            "--standalone",
-            "--metrics-port",
-            "0",
-            "--liveness",
-            "",
-        ],
-        env=env,
-        stdout=sink,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
 
 
 async def _wait_fleet(api: client.ApiClient) -> None:

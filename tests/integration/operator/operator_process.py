@@ -7,9 +7,9 @@ import os
 import pathlib
 import signal
 import subprocess
-import sys
 
-REPO = pathlib.Path(__file__).resolve().parents[3]
+from rolloutfleet.sandbox import operator_process as sandbox_operator
+
 
 
 @dataclasses.dataclass
@@ -26,29 +26,8 @@ class OperatorProcess:
 def start_operator(
     kubeconfig: pathlib.Path, log_path: pathlib.Path, extra_env: dict[str, str] | None = None
 ) -> OperatorProcess:
-    env = dict(os.environ, KUBECONFIG=str(kubeconfig), ROLLOUTFLEET_RESYNC_SECONDS="2", PYTHONUNBUFFERED="1")
-    env.update(extra_env or {})
-    sink = log_path.open("ab")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rolloutfleet.cli",
-            "run",
-            "--all-namespaces",
-            "--standalone",
-            "--metrics-port",
-            "0",
-            "--liveness",
-            "",
-        ],
-        env=env,
-        stdout=sink,
-        stderr=subprocess.STDOUT,
-        cwd=REPO,
-        start_new_session=True,
-    )
-    return OperatorProcess(proc, log_path)
+    env = {"ROLLOUTFLEET_IDLE_SECONDS": "5", **(extra_env or {})}
+    return OperatorProcess(sandbox_operator.start(kubeconfig, log_path, env=env), log_path)
 
 
 def stop_operator(op: OperatorProcess, sig: int = signal.SIGTERM) -> None:
