@@ -11,7 +11,6 @@ import subprocess
 from rolloutfleet.sandbox import operator_process as sandbox_operator
 
 
-
 @dataclasses.dataclass
 class OperatorProcess:
     """A running ``rolloutfleet run``; ``log()`` returns what it printed so far."""
