@@ -33,14 +33,14 @@ class Metrics:
         self.step_duration = prom.Histogram(
             "rolloutfleet_update_step_duration_seconds",
             "Duration of one step of the per-pod weight-update transaction.",
-            ["step", "mode"],
+            ["namespace", "fleet", "step", "mode"],
             buckets=STEP_BUCKETS,
             registry=r,
         )
         self.rollout_duration = prom.Histogram(
             "rolloutfleet_revision_rollout_duration_seconds",
             "Time from a WeightRevision's start to its end, by outcome phase.",
-            ["phase"],
+            ["namespace", "fleet", "phase"],
             buckets=STEP_BUCKETS,
             registry=r,
         )
@@ -51,13 +51,19 @@ class Metrics:
             registry=r,
         )
         self.update_failures = prom.Counter(
-            "rolloutfleet_update_failures_total", "Failed steps of the transaction.", ["step", "reason"], registry=r
+            "rolloutfleet_update_failures_total",
+            "Failed steps of the transaction.",
+            ["namespace", "fleet", "step", "reason"],
+            registry=r,
         )
         self.rollbacks = prom.Counter(
             "rolloutfleet_rollbacks_total", "Pods rolled back to the previous revision.", registry=r
         )
         self.revisions = prom.Counter(
-            "rolloutfleet_revisions_total", "WeightRevisions that reached a final phase.", ["phase"], registry=r
+            "rolloutfleet_revisions_total",
+            "WeightRevisions that reached a final phase.",
+            ["namespace", "fleet", "phase"],
+            registry=r,
         )
         self.engine_request_seconds = prom.Histogram(
             "rolloutfleet_engine_request_duration_seconds",

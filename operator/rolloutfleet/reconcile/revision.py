@@ -153,7 +153,9 @@ async def _finalize(
     new = revision_status.finalized(rev.status, phase, reason, message, _generation(rev.body))
     await _write_revision(ctx, rev, new)
     await ctx.kube.event(_wrev_ref(rev.body), "Warning" if warn else "Normal", reason, message)
-    ctx.metrics.revisions.labels(phase.value).inc()
+    spec = rev.spec
+    fleet = spec.fleet_ref.name if spec is not None else ""
+    ctx.metrics.revisions.labels(rev.body["metadata"]["namespace"], fleet, phase.value).inc()
 
 
 def _generation(body: Manifest) -> int:
@@ -204,6 +206,8 @@ class _Pass:
         self.messages: dict[str, str] = {}
         self.reasons: dict[str, str] = {}
         self.last_write = 0.0
+        meta = fleet_body["metadata"]
+        self.fleet_labels = (str(meta["namespace"]), str(meta["name"]))
         self.probe_result: ParityProbeResult | None = None
         self.timing = {"start": time.monotonic(), "rounds": 0, "observe": 0.0, "steps": 0.0, "status": 0.0}
         if self.rev is not None:
@@ -368,7 +372,8 @@ class _Pass:
         self.memory.attempts[(self.key, pod)] = self._attempts(pod) + 1
         self.messages[pod] = f"{reason}: {message}"
         self.reasons[pod] = reason
-        self.ctx.metrics.update_failures.labels(self.decisions.get(pod, Decision(Step.PAUSE)).step.value, reason).inc()
+        step = self.decisions.get(pod, Decision(Step.PAUSE)).step.value
+        self.ctx.metrics.update_failures.labels(*self.fleet_labels, step, reason).inc()
 
     def _exhausted(self) -> list[str]:
         return [p for p in self.order if self._attempts(p) > self.plan.max_retries]
@@ -388,7 +393,9 @@ class _Pass:
             return
         self.states[pod] = transaction.acknowledged(self.states[pod], decision.step, self.goal, load)
         self.memory.durations.setdefault(self.key, {}).setdefault(decision.step.value, []).append(seconds)
-        self.ctx.metrics.step_duration.labels(decision.step.value, self.plan.mode.value).observe(seconds)
+        self.ctx.metrics.step_duration.labels(*self.fleet_labels, decision.step.value, self.plan.mode.value).observe(
+            seconds
+        )
 
     async def _write_status(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -428,7 +435,7 @@ class _Pass:
         if self.sel.rolling_back:
             message = rev.status.message or "rolled back"
             await _finalize(self.ctx, rev, Phase.ROLLED_BACK, "RolledBack", message, warn=True)
-            self.ctx.metrics.rollout_duration.labels("RolledBack").observe(elapsed)
+            self.ctx.metrics.rollout_duration.labels(*self.fleet_labels, "RolledBack").observe(elapsed)
             return PassOutcome(again=True, idle=False)
         await _patch_fleet(self.ctx, self.fleet_body, {"currentRevision": rev.number, "targetRevision": None})
         await _finalize(
@@ -438,7 +445,7 @@ class _Pass:
             "AllPodsUpdated",
             f"{len(self.order)}/{len(self.order)} pods serve revision {rev.number}, digests verified",
         )
-        self.ctx.metrics.rollout_duration.labels("Succeeded").observe(elapsed)
+        self.ctx.metrics.rollout_duration.labels(*self.fleet_labels, "Succeeded").observe(elapsed)
         return PassOutcome(again=True, idle=False)
 
     async def _give_up(self, failed: list[str]) -> PassOutcome:
@@ -452,7 +459,7 @@ class _Pass:
                 self.ctx, rev, Phase.FAILED, "RollbackFailed", f"rollback failed, pods left paused: {detail}", warn=True
             )
             return PassOutcome(again=False, idle=False)
-        self.ctx.metrics.rollbacks.inc(len(self.order))
+        self.ctx.metrics.rollbacks.labels(*self.fleet_labels).inc(len(self.order))
         failures = [
             PodFailure(
                 name=pod,
