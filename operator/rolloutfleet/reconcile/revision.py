@@ -206,6 +206,7 @@ class _Pass:
         self.messages: dict[str, str] = {}
         self.reasons: dict[str, str] = {}
         self.last_write = 0.0
+        self.writer: asyncio.Task[None] | None = None
         meta = fleet_body["metadata"]
         self.fleet_labels = (str(meta["namespace"]), str(meta["name"]))
         self.probe_result: ParityProbeResult | None = None
@@ -228,6 +229,8 @@ class _Pass:
         try:
             return await self._rounds()
         finally:
+            if self.writer is not None:
+                await asyncio.gather(self.writer, return_exceptions=True)
             t = self.timing
             log.info(
                 "pass %s: %d rounds in %.2fs (observe %.2fs, steps %.2fs, status %.2fs)",
@@ -398,10 +401,25 @@ class _Pass:
         )
 
     async def _write_status(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self.last_write < STATUS_WRITE_INTERVAL:
+        """Progress writes run beside the steps (never on the rollout's critical path); forced ones wait."""
+        writer = self.writer
+        if not force:
+            if (writer is not None and not writer.done()) or time.monotonic() - self.last_write < STATUS_WRITE_INTERVAL:
+                return
+            self.writer = asyncio.create_task(self._write_in_background())
             return
-        self.last_write = now
+        if writer is not None:
+            await asyncio.gather(writer, return_exceptions=True)
+        await self._write_now()
+
+    async def _write_in_background(self) -> None:
+        try:
+            await self._write_now()
+        except Exception as exc:  # the next write (or the forced one at the end) carries the same truth
+            log.warning("progress status write failed: %s", exc)
+
+    async def _write_now(self) -> None:
+        self.last_write = time.monotonic()
         counts: dict[int | None, int] = {}
         for state in self.states.values():
             counts[state.verifier.revision] = counts.get(state.verifier.revision, 0) + 1
