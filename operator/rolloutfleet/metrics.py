@@ -57,7 +57,10 @@ class Metrics:
             registry=r,
         )
         self.rollbacks = prom.Counter(
-            "rolloutfleet_rollbacks_total", "Pods rolled back to the previous revision.", registry=r
+            "rolloutfleet_rollbacks_total",
+            "Pods rolled back to the previous revision.",
+            ["namespace", "fleet"],
+            registry=r,
         )
         self.revisions = prom.Counter(
             "rolloutfleet_revisions_total",
