@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rolloutfleet.adapters.engine import EnginePool
+from rolloutfleet.adapters.kube import KubeError
 from rolloutfleet.api import common, engine, validation
 from rolloutfleet.api.fleet import RolloutFleetSpec
 from rolloutfleet.api.revision import ParityProbe, ParityProbeResult, Phase, PodFailure, WeightRevisionStatus
@@ -231,6 +232,8 @@ class _Pass:
         finally:
             if self.writer is not None:
                 await asyncio.gather(self.writer, return_exceptions=True)
+            with contextlib.suppress(KubeError):
+                await self._publish_fleet_pods()
             t = self.timing
             log.info(
                 "pass %s: %d rounds in %.2fs (observe %.2fs, steps %.2fs, status %.2fs)",
@@ -319,6 +322,26 @@ class _Pass:
         self.memory.engine_view = {p: self.states[p] for p in self.order}
         self.memory.steps = {p: d.step.value for p, d in self.decisions.items()}
         return set(read)
+
+    async def _publish_fleet_pods(self) -> None:
+        """Show each pod's revisions on the fleet now (the fleet's own resync would take up to its period)."""
+        pods = (self.fleet_body.get("status") or {}).get("pods") or []
+        updated = []
+        for entry in pods:
+            state = self.memory.engine_view.get(entry.get("name", ""))
+            if state is not None and state.reachable:
+                entry = {
+                    k: v for k, v in entry.items() if k not in ("revision", "draftRevision", "step", "weightVersion")
+                }
+                fields = {
+                    "revision": state.verifier.revision,
+                    "draftRevision": state.draft.revision if state.draft is not None else None,
+                    "step": self.memory.steps.get(entry["name"]),
+                    "weightVersion": state.weight_version,
+                }
+                entry.update({k: v for k, v in fields.items() if v is not None})
+            updated.append(entry)
+        await _patch_fleet(self.ctx, self.fleet_body, {"pods": updated})
 
     def _probe_spec(self) -> ParityProbe | None:
         if self.rev is None or self.rev.spec is None or self.sel.rolling_back:

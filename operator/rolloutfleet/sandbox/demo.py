@@ -281,7 +281,16 @@ def _summary(results: list[tuple[str, dict[str, str], dict[str, Any], float]]) -
     print()
     print("per-step timings (median / max seconds across pods):")
     for name, _, wrev, _ in results:
-        order = ["Pause", "Sleep", "LoadVerifier", "LoadDraft", "RestoreDraft", "SetWeightVersion", "Resume"]
+        order = [
+            "Pause",
+            "Sleep",
+            "WakeWeights",
+            "LoadVerifier",
+            "LoadDraft",
+            "RestoreDraft",
+            "SetWeightVersion",
+            "Resume",
+        ]
         timings = sorted(
             (wrev.get("status") or {}).get("timings") or [],
             key=lambda t: order.index(t["step"]) if t["step"] in order else len(order),
