@@ -213,6 +213,7 @@ class SimulatedEngine:
         """Run one step: injected faults and latency first, then the action, then the call log entry."""
         fault = next((f for f in self.faults if f.matches(keys)), None)
         flags: set[FaultKind] = set()
+        started = time.monotonic()  # logged as t0: tests measure how many engines were in a step at once
         step = keys[1] if keys[0] == "collective_rpc" else keys[0]  # log RPCs by their method name
         if fault is not None:
             fault.fired += 1
@@ -236,7 +237,9 @@ class SimulatedEngine:
         if fault is not None and fault.rule.kind is FaultKind.HTTP_ERROR:  # phase "after": acted, answer lost
             resp = web.json_response(fault.rule.body, status=fault.rule.status)
         if log:
-            self.log.add(step, key=keys[-1], args=args, status=resp.status, result=result, state=self.core.summary())
+            self.log.add(
+                step, key=keys[-1], args=args, status=resp.status, result=result, state=self.core.summary(), t0=started
+            )
         return resp
 
     @staticmethod

@@ -135,9 +135,15 @@ def test_all_at_once_sleep_mode_barrier(
         calls = {str(e.get("key") or e["step"]): e for e in log if e.get("status") == 200}
         resumes.append(calls["resume"]["t"])
         pre_resume.append(calls["update_weight_version"]["t"])
-        load_windows += [(e["t"] - 0.0, e["t"]) for e in log if str(e.get("key", "")).startswith("rolloutfleet_load")]
+        load_windows += [
+            (e["t0"], e["t"])
+            for e in log
+            if str(e.get("key", "")).startswith("rolloutfleet_load") and e.get("status") == 200
+        ]
     # The barrier: every engine was loaded, verified and stamped before the first one resumed.
     assert max(pre_resume) < min(resumes)
+    # maxConcurrentLoads=3: never more than 3 engines loading at once (16 loads in all), and the cap was used.
+    assert len(load_windows) == 16 and max_overlap(load_windows) == 3
     eventually(
         lambda: all(
             p.get("revision") == 1 and p.get("draftRevision") == 1
