@@ -4,7 +4,7 @@
 (``/is_paused``, ``/is_sleeping``, ``/weight_info`` and our extension's ``rolloutfleet_state`` RPC); the
 pure planner (``rolloutfleet.planning``) consumes it to derive each pod's next step. ``LoadResult`` is
 what a ``rolloutfleet_load``/``rolloutfleet_restore_draft`` RPC reported. This module does no I/O and
-imports nothing of the operator (import-linter keeps it that way).
+imports nothing of the operator but the CRD vocabulary in ``api`` (import-linter keeps it that way).
 
 How the sleep state is derived (vLLM exposes no sleep *level* over HTTP):
 
@@ -26,19 +26,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from rolloutfleet.api.fleet import DraftPolicy as DraftPolicy  # re-exported: one vocabulary, the CRD's
+
 
 class Target(enum.StrEnum):
     """Which model of an engine a load addresses."""
 
     VERIFIER = "verifier"
     DRAFT = "draft"
-
-
-class DraftPolicy(enum.StrEnum):
-    """How a draft follows revisions: ``coUpdate`` with every revision, or ``frozen`` across them."""
-
-    CO_UPDATE = "coUpdate"
-    FROZEN = "frozen"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -121,16 +121,8 @@ FAULTS = [
     ("crash", FaultRule(step="*", kind=FaultKind.CRASH, restart_after=0.3)),
     ("slow", FaultRule(step="*", kind=FaultKind.SLOW, delay=0.5)),
 ]
-FAULT_STEPS = [
-    "pause",
-    "sleep",
-    "wake_up:weights",
-    "rolloutfleet_load:verifier",
-    "rolloutfleet_load:draft",
-    "update_weight_version",
-    "wake_up:kv_cache",
-    "resume",
-]
+# The same steps as the transaction, by the fault keys the simulator matches (no pause mode, no level).
+FAULT_STEPS = [step.removesuffix(":keep").removesuffix(":2") for step in SLEEP_ORDER]
 
 
 def test_every_fault_at_every_step(
