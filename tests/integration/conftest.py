@@ -29,6 +29,7 @@ from rolloutfleet.sandbox import binaries, cluster, waiting
 # Substrings of context names that mark a disposable cluster; anything else needs an explicit opt-in.
 TEST_CONTEXT_MARKERS = ("kind-", "kwok", "rolloutfleet-sandbox", "minikube", "k3d", "envtest")
 OPT_IN_ENV = "ROLLOUTFLEET_TEST_CLUSTER_OK"
+LOOPBACK_PODS_ENV = "ROLLOUTFLEET_TEST_LOOPBACK_PODS"
 # Pod subnets of a test session: 127.1.<offset + node>.0/24. Each session picks its own block of 8 so that
 # concurrent sessions on one machine (developers' parallel runs) never serve engines on the same IP:port.
 TEST_SUBNET_OFFSET = int(os.environ.get("ROLLOUTFLEET_TEST_SUBNET_OFFSET") or 128 + 8 * (os.getpid() % 15))
@@ -66,8 +67,11 @@ def _from_kubeconfig_env(value: str) -> KubeTarget:
 def kube_cluster(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeTarget]:
     env = os.environ.get("KUBECONFIG")
     if env:
+        # Simulated engines listen on pod IPs only when those are loopback (the local control plane).
+        os.environ[LOOPBACK_PODS_ENV] = "0"
         yield _from_kubeconfig_env(env)
         return
+    os.environ[LOOPBACK_PODS_ENV] = "1"
     local = cluster.Cluster(
         tmp_path_factory.mktemp("kube"),
         name="pytest",
