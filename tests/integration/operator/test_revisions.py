@@ -28,13 +28,20 @@ def weights(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def make_fleet(
-    api: client.CustomObjectsApi, ns: str, root: pathlib.Path, name: str, replicas: int, **strategy: Any
+    api: client.CustomObjectsApi,
+    ns: str,
+    root: pathlib.Path,
+    name: str,
+    replicas: int,
+    *,
+    draft_policy: str = "coUpdate",
+    **strategy: Any,
 ) -> None:
     body = fleet_manifest(
         name,
         replicas,
         verifier={"path": str(root / "policy/step-0/verifier")},
-        draft={"method": "draft_model", "path": str(root / "policy/step-0/draft"), "policy": "coUpdate"},
+        draft={"method": "draft_model", "path": str(root / "policy/step-0/draft"), "policy": draft_policy},
         weights={"claimName": "ckpt", "mountPath": str(root), "allowedRoots": [str(root / "policy")]},
         updateStrategy={"maxRetries": 1, "timeouts": {"wakeSeconds": 5, "loadSeconds": 10}, **strategy},
     )
@@ -309,3 +316,30 @@ FINAL = ("Succeeded", "Failed", "RolledBack")
 
 def _first(log: list[dict[str, Any]], step: str) -> float:
     return min((e["t"] for e in log if e.get("step") == step and e.get("status") == 200), default=float("inf"))
+
+
+def test_frozen_draft_is_restored_after_every_sleep_and_never_loaded(
+    sim_fleet: tuple[FollowerThread, pathlib.Path], k8s_api: client.ApiClient, namespace: str
+) -> None:
+    follower, root = sim_fleet
+    api = client.CustomObjectsApi(k8s_api)
+    make_fleet(api, namespace, root, "pol", 3, draft_policy="frozen")
+    wait_engines(api, follower, namespace, 3)
+    frozen = digest_directory(str(root / "policy/step-0/draft"))
+    for number in (1, 2):
+        body = wrev(f"step-{number}", "pol", number, root)
+        del body["spec"]["draft"]  # a frozen draft takes no revision
+        api.create_namespaced_custom_object(GROUP, VERSION, namespace, "weightrevisions", body)
+        done = eventually(
+            lambda n=number: phase_is(api, namespace, f"step-{n}", *FINAL), timeout=90, what=f"step-{number}"
+        )
+        assert done["status"]["phase"] == "Succeeded", done["status"]
+        assert {p["draftDigest"] for p in done["status"]["pods"]} == {frozen}
+    for key, log in follower.logs().items():
+        names = step_names(log)
+        assert "rolloutfleet_load:draft" not in names, key  # never overwritten
+        assert names.count("rolloutfleet_restore_draft") == names.count("sleep:2") == 2, (key, names)
+        # restored after the verifier, before the pod serves again
+        for i, name in enumerate(names):
+            if name == "rolloutfleet_restore_draft":
+                assert names[i - 1] == "rolloutfleet_load:verifier" and "resume" in names[i + 1 :], names
