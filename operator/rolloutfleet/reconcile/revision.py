@@ -138,7 +138,9 @@ async def reconcile_revisions(
 
 
 async def _patch_fleet(ctx: OperatorContext, fleet_body: Manifest, fields: dict[str, Any]) -> None:
-    status = fleet_body.get("status") or {}
+    if not isinstance(fleet_body.get("status"), dict):
+        fleet_body["status"] = {}  # a fleet not yet reconciled: keep what this pass writes comparable
+    status = fleet_body["status"]
     changed = {k: v for k, v in fields.items() if status.get(k) != v}
     if changed:
         meta = fleet_body["metadata"]
