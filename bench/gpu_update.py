@@ -36,9 +36,15 @@ from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # The model writer and the server launcher are the GPU tier's own (tests/gpu/gpu_support.py).
-sys.path[:0] = [str(REPO / "operator"), str(REPO / "worker_image"), str(REPO / "tests" / "gpu")]
+sys.path[:0] = [
+    str(REPO / "operator"),
+    str(REPO / "worker_image"),
+    str(REPO / "tests" / "gpu"),
+    str(REPO / "bench"),
+]
 
 import gpu_support  # noqa: E402
+import loader_stages  # noqa: E402
 
 from rolloutfleet.adapters.engine import EngineClient, EnginePool, EngineTimeouts  # noqa: E402
 from rolloutfleet_worker.digest import digest_directory, scan_directory  # noqa: E402
@@ -254,7 +260,8 @@ def report(out: dict[str, Any]) -> str:
         )
     if s.get("stock_reload_in_place_GBps_median"):
         lines.append(f"| (b) stock `reload_weights` in place | {s['stock_reload_in_place_GBps_median']:.1f} | | |")
-    lines += ["", "## Our transaction, per step (seconds)", ""]
+    lines += ["", *verdict(out), *stages_section(out)]
+    lines += ["## Our transaction, per step (seconds)", ""]
     names = list(out["ours"][0]["steps_s"])
     lines.append("| repeat | " + " | ".join(names) + " | total | digests verified | output ok |")
     lines.append("|---" * (len(names) + 4) + "|")
@@ -269,6 +276,30 @@ def report(out: dict[str, Any]) -> str:
         lines.append(f"- sleep={r['sleep']}: {steps}; error={r['error']}; output ok={r['output_nonzero']}")
     lines.append("")
     return "\n".join(lines)
+
+
+def verdict(out: dict[str, Any]) -> list[str]:
+    """The targets of issue 8, each with its measured value and met/missed."""
+    s = out["summary"]
+    ceiling, ratio = s["ceiling_pinned_GBps"], s["ratio_vs_ceiling"]
+    rows = [
+        f"| ours ≥ 0.8 x pinned ceiling (≥ {0.8 * ceiling:.1f} GB/s) | "
+        f"{s['ours_verifier_GBps_http_median']:.1f} GB/s = {ratio:.2f}x | {'met' if ratio >= 0.8 else 'missed'} |"
+    ]
+    if "ratio_vs_stock" in s:
+        rs = s["ratio_vs_stock"]
+        rows.append(
+            f"| ours ≥ 1.0 x stock `reload_weights` after sleep | {s['ours_verifier_GBps_http_median']:.1f} vs "
+            f"{s['stock_reload_after_sleep_GBps_median']:.1f} GB/s = {rs:.2f}x | {'met' if rs >= 1.0 else 'missed'} |"
+        )
+    return ["## Verdict against the targets", "", "| target | measured | result |", "|---|---|---|", *rows, ""]
+
+
+def stages_section(out: dict[str, Any]) -> list[str]:
+    stages = out.get("loader_stages") or {}
+    if "error" in stages or not stages:
+        return [f"Loader stages not measured: {stages.get('error', 'skipped')}", ""]
+    return loader_stages.report_lines(stages, out["ceiling"]["pinned_per_tensor_GBps"])
 
 
 def main() -> int:
@@ -315,6 +346,11 @@ def main() -> int:
     digests = {name: digest_directory(path) for name, path in revs.items()}
     out["publisher_digest_GBps"] = 2 * (out["verifier_bytes"] + out["draft_bytes"]) / (time.monotonic() - t0) / GB
     out["ceiling"] = copy_ceiling(revs["verifier-b"], repeats=5)
+    torch.cuda.empty_cache()
+    try:
+        out["loader_stages"] = loader_stages.measure(revs["verifier-b"], digests["verifier-b"])
+    except Exception as exc:  # a report: keep going to the engine measurements, say what failed
+        out["loader_stages"] = {"error": f"{type(exc).__name__}: {exc}"}
     torch.cuda.empty_cache()
     print(json.dumps(out, default=str), flush=True)
     asyncio.run(measure(args, revs, digests, out))

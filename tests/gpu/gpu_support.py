@@ -222,10 +222,15 @@ def serve_command(
     gpu_memory_utilization: float,
     max_model_len: int = 2048,
     num_speculative_tokens: int = 3,
+    head_dtype: str | None = "float32",
     extra: list[str] | None = None,
 ) -> list[str]:
-    """The command line of DESIGN.md §4 on loopback (no tokenizer: token-id prompts only)."""
+    """The command line of DESIGN.md §4 on loopback (no tokenizer: token-id prompts only).
+
+    ``head_dtype=None`` drops the fp32 LM head override (the parity test measures both).
+    """
     spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": num_speculative_tokens}
+    head = ["--hf-overrides", json.dumps({"head_dtype": head_dtype})] if head_dtype else []
     return [
         sys.executable,
         "-m",
@@ -253,8 +258,7 @@ def serve_command(
         "processed_logprobs",
         "--no-enable-prefix-caching",
         "--no-async-scheduling",
-        "--hf-overrides",
-        json.dumps({"head_dtype": "float32"}),
+        *head,
         "--speculative-config",
         json.dumps(spec),
         "--gpu-memory-utilization",
@@ -277,6 +281,7 @@ def start_server(
     max_model_len: int = 2048,
     token: str = "gpu-suite-token",
     startup_timeout: float = 420.0,
+    head_dtype: str | None = "float32",
 ) -> Server:
     """Start vLLM and wait for ``/health``; raise with the log's tail if it dies or never answers."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -295,7 +300,12 @@ def start_server(
         "PYTHONUNBUFFERED": "1",
     }
     cmd = serve_command(
-        verifier, draft, port, gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len
+        verifier,
+        draft,
+        port,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len,
+        head_dtype=head_dtype,
     )
     log.parent.mkdir(parents=True, exist_ok=True)
     out = log.open("ab")

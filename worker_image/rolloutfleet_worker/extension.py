@@ -40,6 +40,8 @@ POLICY_ENV = "ROLLOUTFLEET_DRAFT_POLICY"
 DRAFT_PATH_ENV = "ROLLOUTFLEET_DRAFT_PATH"
 ROOTS_ENV = "ROLLOUTFLEET_WEIGHT_ROOTS"
 THREADS_ENV = "ROLLOUTFLEET_HASH_THREADS"
+READ_THREADS_ENV = "ROLLOUTFLEET_LOAD_READ_THREADS"
+READAHEAD_ENV = "ROLLOUTFLEET_LOAD_READAHEAD_BYTES"
 
 
 class ErrorBody(TypedDict):
@@ -125,9 +127,23 @@ def draft_policy() -> DraftPolicy:
     return "coUpdate" if value == "coUpdate" else "frozen"
 
 
-def _hash_threads() -> int | None:
-    raw = os.environ.get(THREADS_ENV, "")
+def _positive_env(name: str) -> int | None:
+    """A positive integer from the environment; unset or malformed means the loader's default."""
+    raw = os.environ.get(name, "").strip()
     return int(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
+def load_options(pin: bool) -> Any:
+    """The loader's options from ROLLOUTFLEET_HASH_THREADS / ROLLOUTFLEET_LOAD_* (worker_image/README.md)."""
+    from rolloutfleet_worker import loader
+
+    defaults = loader.LoadOptions()
+    return loader.LoadOptions(
+        pin=pin,
+        read_threads=_positive_env(READ_THREADS_ENV) or defaults.read_threads,
+        hash_threads=_positive_env(THREADS_ENV),
+        readahead_bytes=_positive_env(READAHEAD_ENV) or defaults.readahead_bytes,
+    )
 
 
 def check_path(path: object) -> str | None:
@@ -237,8 +253,7 @@ def _load(worker: Any, target: object, path: object, revision: int | None, resto
             model,
             path,
             skip=skip or (lambda _name: False),
-            pin=models.on_cuda(model),
-            threads=_hash_threads(),
+            options=load_options(pin=models.on_cuda(model)),
         )
     except digest.CheckpointError as exc:
         return _fail("io", str(exc))

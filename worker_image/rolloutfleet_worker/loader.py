@@ -1,23 +1,34 @@
 """Stream a safetensors checkpoint into a live model in place, hashing while it streams.
 
-Called by ``rolloutfleet_worker.extension`` inside a vLLM worker (and by the unit tests on CPU). Owns
-the read → hash → hand-over pipeline: a reader thread mmaps each file, feeds each tensor's stored bytes
-straight from the page cache to blake3's multi-threaded hasher, copies them once into a host buffer
-(pinned when the model lives on a GPU, so the host→device copy runs at link speed) and queues it; the
-calling thread hands the tensors to ``model.load_weights`` — vLLM's own per-model loader, which stacks
-q/k/v, shards for tensor parallelism and copies into the existing parameters (CUDA graphs hold their
-pointers, so nothing is rebound). Reading and hashing tensor k+1 overlaps the copies of tensor k.
+Called by ``rolloutfleet_worker.extension`` inside a vLLM worker (and by the unit tests and
+``bench/gpu_update.py``). Owns the read → hash → hand-over pipeline of one load:
+
+- a scheduler thread walks the tensors in file order, allocates one host buffer per tensor (pinned when
+  the model lives on a GPU, so the host→device copy runs at link speed) within a read-ahead byte budget,
+  and splits it into chunks;
+- a pool of reader threads fills the chunks with ``preadv`` straight from the page cache into the buffer
+  (one copy, no mmap page faults, the GIL released; one core cannot keep up with a PCIe 5 link);
+- a hasher thread feeds the filled chunks to blake3 in order (multi-threaded, GIL released) — it hashes
+  the buffer, so the digest covers exactly the bytes the model receives;
+- the calling thread hands each completely filled tensor to ``model.load_weights`` — vLLM's own per-model
+  loader, which stacks q/k/v, shards for tensor parallelism and copies into the existing parameters (CUDA
+  graphs hold their pointers, so nothing is rebound).
+
+All four run at once: while the model copies tensor k to the device, later tensors are being read and
+hashed. Buffers are ordinary torch tensors (torch caches pinned blocks, so later loads allocate nothing),
+never a reused ring: a ``load_weights`` that keeps a reference to a tensor can never see it overwritten.
 The digest definition lives in ``rolloutfleet_worker.digest``; this module only feeds it.
 """
 
 from __future__ import annotations
 
-import mmap
+import ctypes
+import os
 import queue
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +37,25 @@ import torch
 
 from rolloutfleet_worker import digest
 
-QUEUE_DEPTH = 2  # tensors read ahead; bounds host memory to about three tensors
+CHUNK_BYTES = 16 << 20  # per preadv and per hash update: large enough for blake3 to use every core
+READAHEAD_BYTES = 2 << 30  # host bytes read ahead of the model; one tensor is always admitted
+_POLL = 0.05  # seconds between stop checks while a thread waits
+
+
+def default_read_threads() -> int:
+    """Reader threads when not configured: half the cores (the other half hash), between 2 and 8."""
+    return min(8, max(2, (os.cpu_count() or 2) // 2))
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    """How one load reads; the extension fills it from ROLLOUTFLEET_LOAD_* / ROLLOUTFLEET_HASH_THREADS."""
+
+    pin: bool = False  # page-locked host buffers (the model is on a GPU)
+    read_threads: int = field(default_factory=default_read_threads)
+    hash_threads: int | None = None  # None: blake3 uses every core
+    readahead_bytes: int = READAHEAD_BYTES
+    chunk_bytes: int = CHUNK_BYTES
 
 
 class LoadWeightsError(Exception):
@@ -71,93 +100,231 @@ def torch_dtype(name: str, file: Path) -> torch.dtype:
     return dt
 
 
-class _Reader(threading.Thread):
-    """Reads and hashes every tensor in order; queues those not skipped for the model."""
+class _StoppedError(Exception):
+    """The pipeline was stopped while a thread waited."""
 
-    def __init__(
-        self,
-        infos: list[digest.TensorInfo],
-        skip: Callable[[str], bool],
-        pin: bool,
-        threads: int | None,
-    ) -> None:
-        super().__init__(name="rolloutfleet-reader", daemon=True)
-        self.infos, self.skip, self.pin, self.threads = infos, skip, pin, threads
+
+def _memory(address: int, length: int) -> memoryview:
+    """A writable byte view of ``length`` bytes of host memory at ``address`` (inside a live tensor)."""
+    return memoryview((ctypes.c_char * length).from_address(address)).cast("B")
+
+
+def _fill(fd: int, file: Path, address: int, offset: int, length: int) -> None:
+    """Read ``length`` bytes of ``file`` at ``offset`` into the buffer at ``address`` (reader thread)."""
+    view = _memory(address, length)
+    done = 0
+    while done < length:
+        try:
+            n = os.preadv(fd, [view[done:]], offset + done)
+        except OSError as exc:
+            raise digest.CheckpointError(file, f"unreadable: {exc.strerror or exc}") from exc
+        if n == 0:
+            raise digest.CheckpointError(file, "truncated while reading")
+        done += n
+
+
+@dataclass(slots=True)
+class _Staged:
+    """One tensor in flight: its buffer, the futures filling it, and how many stages still hold it."""
+
+    info: digest.TensorInfo
+    feed: bool  # handed to load_weights (else only hashed)
+    buffer: torch.Tensor | None
+    chunks: list[tuple[Future[None], int, int]]  # (fill, start, length) in order
+    holders: int  # hasher, plus the feeder when ``feed``
+
+    def wait_filled(self) -> None:
+        for fut, _start, _length in self.chunks:
+            fut.result()
+
+
+class _Budget:
+    """Bytes of host buffers in flight; waits while a new tensor would exceed the limit."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+        self.cond = threading.Condition()
+
+    def acquire(self, n: int, stop: threading.Event) -> None:
+        with self.cond:
+            while self.used and self.used + n > self.limit:
+                if stop.is_set():
+                    raise _StoppedError
+                self.cond.wait(_POLL)
+            self.used += n
+
+    def release(self, n: int) -> None:
+        with self.cond:
+            self.used -= n
+            self.cond.notify_all()
+
+
+class _Pipeline:
+    """The threads of one load; ``tensors()`` is what ``load_weights`` iterates (calling thread)."""
+
+    def __init__(self, infos: list[digest.TensorInfo], skip: Callable[[str], bool], options: LoadOptions) -> None:
+        self.infos, self.skip, self.options = infos, skip, options
         self.builder = digest.DigestBuilder()
         self.skipped: list[str] = []
-        self.out: queue.Queue[Any] = queue.Queue(maxsize=QUEUE_DEPTH)
-        self.stop = threading.Event()
         self.error: BaseException | None = None
+        self.stop = threading.Event()
+        self.budget = _Budget(max(1, options.readahead_bytes))
+        self.lock = threading.Lock()
+        self.to_hash: queue.Queue[_Staged | None] = queue.Queue()
+        self.to_feed: queue.Queue[_Staged | None] = queue.Queue()
+        self.fds: dict[Path, int] = {}
+        self.pool = ThreadPoolExecutor(max(1, options.read_threads), thread_name_prefix="rolloutfleet-read")
+        # Pinned allocations must happen in this worker's CUDA context, not device 0's (a new thread's
+        # default): the scheduler thread adopts the caller's current device.
+        self.device = torch.cuda.current_device() if options.pin and torch.cuda.is_available() else None
+        self.scheduler = threading.Thread(target=self._schedule, name="rolloutfleet-schedule", daemon=True)
+        self.hasher = threading.Thread(target=self._hash, name="rolloutfleet-hash", daemon=True)
 
-    def run(self) -> None:
+    # -- lifecycle (calling thread) ------------------------------------------------------------------
+
+    def start(self) -> None:
         try:
-            by_file: dict[Path, list[digest.TensorInfo]] = {}
             for info in self.infos:
-                by_file.setdefault(info.file, []).append(info)
-            for file, infos in by_file.items():
-                if not self._read_file(file, infos):
-                    return
-            self._put(None)
+                if info.file not in self.fds:
+                    self.fds[info.file] = self._open(info.file)
+        except BaseException:
+            self.close()
+            raise
+        self.scheduler.start()
+        self.hasher.start()
+
+    def close(self) -> None:
+        """Stop every thread and wait for them: no reader writes into a buffer after this returns."""
+        self.stop.set()
+        for thread in (self.scheduler, self.hasher):
+            if thread.is_alive():
+                thread.join()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+    def finish(self) -> None:
+        """Wait for the hasher to cover every tensor (after ``tensors()`` ran out); raise a stage's error."""
+        while self.hasher.is_alive():
+            self.hasher.join(_POLL)
+        if self.error is not None:
+            raise self.error
+
+    @staticmethod
+    def _open(file: Path) -> int:
+        try:
+            fd = os.open(file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError as exc:
-            self.error = digest.CheckpointError(getattr(exc, "filename", None) or "?", f"unreadable: {exc}")
-            self._put(self.error)
+            raise digest.CheckpointError(file, f"unreadable: {exc.strerror or exc}") from exc
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger kernel read-ahead from disk
+        return fd
+
+    def _fail(self, exc: BaseException) -> None:
+        with self.lock:
+            if self.error is None:
+                self.error = exc
+        self.stop.set()
+
+    def _release(self, staged: _Staged) -> None:
+        with self.lock:
+            staged.holders -= 1
+            last = staged.holders == 0
+            if last:
+                staged.buffer = None
+        if last:
+            self.budget.release(staged.info.nbytes)
+
+    # -- scheduler thread ----------------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        try:
+            if self.device is not None:
+                torch.cuda.set_device(self.device)
+            for info in self.infos:
+                if self.stop.is_set():
+                    return
+                self.budget.acquire(info.nbytes, self.stop)
+                self._stage(info)
+        except _StoppedError:
+            return
         except BaseException as exc:
-            self.error = exc
-            self._put(exc)
+            self._fail(exc)
+        finally:
+            self.to_hash.put(None)
+            self.to_feed.put(None)
 
-    def _read_file(self, file: Path, infos: list[digest.TensorInfo]) -> bool:
-        """Hash straight from the page cache (mmap, all cores), then one copy into the staging buffer."""
-        with file.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            if mm.size() < max(t.offset + t.nbytes for t in infos):
-                raise digest.CheckpointError(file, "truncated while reading")
-            view = memoryview(mm)
-            try:
-                for info in infos:
-                    if self.stop.is_set():
-                        return False
-                    with view[info.offset : info.offset + info.nbytes] as part:
-                        item = self._read(part, info)
-                    if item is not None:
-                        self._put(item)
-            finally:
-                view.release()
-        return True
-
-    def _read(self, part: memoryview, info: digest.TensorInfo) -> tuple[digest.TensorInfo, torch.Tensor] | None:
-        dtype = torch_dtype(info.dtype, info.file)
-        hasher = digest.TensorHasher(info, threads=self.threads)
-        hasher.update(part)
-        self.builder.add(info, hasher.finish())
-        # Skipped tensors are still hashed (the digest covers the whole checkpoint) but never copied.
-        if self.skip(info.name):
+    def _stage(self, info: digest.TensorInfo) -> None:
+        torch_dtype(info.dtype, info.file)  # refuse an unsupported dtype before reading it
+        feed = not self.skip(info.name)
+        if not feed:
             self.skipped.append(info.name)
-            return None
-        staged = torch.empty(info.nbytes, dtype=torch.uint8, pin_memory=self.pin)
-        if info.nbytes:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # read-only mmap: torch warns, we only read from it
-                source = torch.frombuffer(part, dtype=torch.uint8)
-            staged.copy_(source)
-            del source  # drop the buffer export before the slice is released
-        return info, staged.view(dtype).reshape(info.shape)
+        buffer = torch.empty(info.nbytes, dtype=torch.uint8, pin_memory=self.options.pin)
+        address, chunks = buffer.data_ptr(), []
+        step = max(1, self.options.chunk_bytes)
+        for start in range(0, info.nbytes, step):
+            length = min(step, info.nbytes - start)
+            fut = self.pool.submit(_fill, self.fds[info.file], info.file, address + start, info.offset + start, length)
+            chunks.append((fut, start, length))
+        staged = _Staged(info=info, feed=feed, buffer=buffer, chunks=chunks, holders=2 if feed else 1)
+        self.to_hash.put(staged)
+        if feed:
+            self.to_feed.put(staged)
 
-    def _put(self, item: object) -> None:
-        while not self.stop.is_set():
+    # -- hasher thread -------------------------------------------------------------------------------
+
+    def _hash(self) -> None:
+        try:
+            while (staged := self._next(self.to_hash)) is not None:
+                hasher = digest.TensorHasher(staged.info, threads=self.options.hash_threads)
+                assert staged.buffer is not None  # the hasher holds it until _release below
+                address = staged.buffer.data_ptr()
+                for fut, start, length in staged.chunks:
+                    fut.result()
+                    hasher.update(_memory(address + start, length))
+                self.builder.add(staged.info, hasher.finish())
+                self._release(staged)
+        except (_StoppedError, CancelledError):
+            return
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _next(self, source: queue.Queue[_Staged | None]) -> _Staged | None:
+        while True:
+            if self.stop.is_set():
+                raise _StoppedError
             try:
-                self.out.put(item, timeout=0.1)
-                return
-            except queue.Full:
+                return source.get(timeout=_POLL)
+            except queue.Empty:
                 continue
 
+    # -- calling thread ------------------------------------------------------------------------------
+
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each fed tensor once it is completely read, in file order; raises the first stage error."""
         while True:
-            item = self.out.get()
-            if item is None:
+            try:
+                staged = self._next(self.to_feed)
+            except _StoppedError:
+                staged = None
+            if staged is None:
+                if self.error is not None:
+                    raise self.error
                 return
-            if isinstance(item, BaseException):
-                raise item
-            info, tensor = item
-            yield info.name, tensor
+            try:
+                staged.wait_filled()
+            except BaseException as exc:
+                self._fail(exc)
+                raise
+            assert staged.buffer is not None
+            info = staged.info
+            tensor = staged.buffer.view(torch_dtype(info.dtype, info.file)).reshape(info.shape)
+            try:
+                yield info.name, tensor
+            finally:
+                del tensor
+                self._release(staged)
 
 
 def stream_into(
@@ -165,8 +332,7 @@ def stream_into(
     path: Path | str,
     *,
     skip: Callable[[str], bool] = lambda _name: False,
-    pin: bool = False,
-    threads: int | None = None,
+    options: LoadOptions | None = None,
 ) -> LoadOutcome:
     """Load every tensor of checkpoint directory ``path`` into ``model`` via its ``load_weights``.
 
@@ -177,32 +343,29 @@ def stream_into(
     # Every header is parsed and bounds-checked before the first byte reaches the model, so a truncated
     # or corrupt shard is refused while the parameters are still intact.
     infos = digest.scan_directory(path)
-    reader = _Reader(infos, skip, pin, threads)
-    reader.start()
-    stream = reader.tensors()
+    pipeline = _Pipeline(infos, skip, options or LoadOptions())
+    pipeline.start()
     try:
-        fed = _Counter(stream)
+        fed = _Counter(pipeline.tensors())
         try:
             model.load_weights(fed)
         except digest.CheckpointError:
             raise
         except Exception as exc:
-            if reader.error is not None:
-                raise reader.error from exc
+            if pipeline.error is not None:
+                raise pipeline.error from exc
             raise LoadWeightsError(f"{type(exc).__name__}: {exc}") from exc
-        # A loader that stops early must not shorten the digest: hash what it did not consume.
-        for _ in stream:
+        # A loader that stops early must not shorten the digest: read and hash what it did not consume.
+        for _ in fed.inner:
             pass
+        pipeline.finish()
     finally:
-        reader.stop.set()
-        reader.join(timeout=30)
-    if reader.error is not None:
-        raise reader.error
+        pipeline.close()
     return LoadOutcome(
-        digest=reader.builder.hexdigest(),
-        bytes=reader.builder.bytes,
+        digest=pipeline.builder.hexdigest(),
+        bytes=pipeline.builder.bytes,
         tensors=fed.count,
-        skipped=sorted(reader.skipped),
+        skipped=sorted(pipeline.skipped),
         seconds=round(time.monotonic() - start, 6),
     )
 

@@ -1,0 +1,151 @@
+"""The streaming loader on CPU: chunking, read-ahead, skip, early stop, errors, and no thread left behind.
+
+The extension tests drive the loader through the RPCs with default options; these pin the pipeline's own
+rules with options chosen to stress them (chunks of a few bytes, a read-ahead of one tensor).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from worker_fakes import write_verifier
+
+from rolloutfleet_worker import digest, loader
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> Path:
+    return write_verifier(tmp_path / "verifier", seed=3)
+
+
+def expected(path: Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        out |= load_file(str(f))
+    return out
+
+
+class Recorder:
+    """A ``load_weights`` that keeps every tensor it is given (a loader that buffers, the worst case)."""
+
+    def __init__(self, stop_after: int | None = None, fail_at: int | None = None) -> None:
+        self.seen: dict[str, torch.Tensor] = {}
+        self.stop_after, self.fail_at = stop_after, fail_at
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        for i, (name, tensor) in enumerate(weights):
+            if i == self.fail_at:
+                raise ValueError("model refused the tensor")
+            self.seen[name] = tensor  # kept, not copied: must never be overwritten later
+            if self.stop_after is not None and i + 1 >= self.stop_after:
+                return
+
+
+def pipeline_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("rolloutfleet-")]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        loader.LoadOptions(),
+        loader.LoadOptions(read_threads=1, chunk_bytes=7, readahead_bytes=1),
+        loader.LoadOptions(read_threads=4, chunk_bytes=100, readahead_bytes=3000, hash_threads=1),
+    ],
+    ids=["defaults", "one-reader-7-byte-chunks-one-tensor-ahead", "four-readers-100-byte-chunks"],
+)
+def test_every_tensor_arrives_intact_and_the_digest_matches_the_files(ckpt: Path, options: loader.LoadOptions) -> None:
+    model = Recorder()
+    outcome = loader.stream_into(model, ckpt, options=options)
+    want = expected(ckpt)
+    assert set(model.seen) == set(want)
+    for name, tensor in want.items():
+        assert model.seen[name].dtype == tensor.dtype and torch.equal(model.seen[name], tensor), name
+    assert outcome.digest == digest.digest_directory(ckpt)
+    assert outcome.tensors == len(want) and outcome.bytes == sum(t.nbytes for t in digest.scan_directory(ckpt))
+    assert pipeline_threads() == []
+
+
+def test_skipped_tensors_are_hashed_but_not_fed(ckpt: Path) -> None:
+    model = Recorder()
+    outcome = loader.stream_into(model, ckpt, skip=lambda n: n.startswith("lm_head"))
+    assert "lm_head.weight" not in model.seen and outcome.skipped == ["lm_head.weight"]
+    assert outcome.digest == digest.digest_directory(ckpt)
+
+
+def test_a_loader_that_stops_early_still_gets_the_whole_digest(ckpt: Path) -> None:
+    model = Recorder(stop_after=2)
+    outcome = loader.stream_into(model, ckpt, options=loader.LoadOptions(chunk_bytes=64, readahead_bytes=1))
+    assert outcome.tensors == 2 and len(model.seen) == 2
+    assert outcome.digest == digest.digest_directory(ckpt)
+    assert pipeline_threads() == []
+
+
+def test_a_failing_load_weights_stops_every_thread(ckpt: Path) -> None:
+    with pytest.raises(loader.LoadWeightsError, match="model refused"):
+        loader.stream_into(Recorder(fail_at=3), ckpt, options=loader.LoadOptions(chunk_bytes=50, readahead_bytes=1))
+    assert pipeline_threads() == []
+
+
+def test_a_file_truncated_after_the_scan_is_an_io_error(ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scan = digest.scan_directory
+
+    def scan_then_truncate(path: Path | str) -> list[digest.TensorInfo]:
+        infos = scan(path)
+        last = max(infos, key=lambda t: (t.file, t.offset))
+        with last.file.open("r+b") as f:
+            f.truncate(last.offset + last.nbytes // 2)
+        return infos
+
+    monkeypatch.setattr(loader.digest, "scan_directory", scan_then_truncate)
+    with pytest.raises(digest.CheckpointError, match="truncated while reading"):
+        loader.stream_into(Recorder(), ckpt, options=loader.LoadOptions(chunk_bytes=64))
+    assert pipeline_threads() == []
+
+
+def test_read_ahead_stays_within_its_budget(ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes = [t.nbytes for t in digest.scan_directory(ckpt)]
+    limit = max(sizes) + 1  # room for the largest tensor, never for two of the big ones at once
+    peaks: list[int] = []
+    acquire = loader._Budget.acquire
+
+    def watched(self: loader._Budget, n: int, stop: threading.Event) -> None:
+        acquire(self, n, stop)
+        peaks.append(self.used)
+
+    monkeypatch.setattr(loader._Budget, "acquire", watched)
+
+    class Slow(Recorder):
+        def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+            def slowly(it: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+                for item in it:
+                    threading.Event().wait(0.002)  # let the readers run ahead as far as they may
+                    yield item
+
+            super().load_weights(slowly(weights))
+
+    loader.stream_into(Slow(), ckpt, options=loader.LoadOptions(readahead_bytes=limit, chunk_bytes=32))
+    assert len(peaks) == len(sizes)
+    assert max(peaks) <= limit
+
+
+def test_default_read_threads_are_bounded() -> None:
+    assert 2 <= loader.default_read_threads() <= 8
+
+
+def test_environment_configures_the_extension_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rolloutfleet_worker import extension
+
+    monkeypatch.setenv(extension.READ_THREADS_ENV, "3")
+    monkeypatch.setenv(extension.READAHEAD_ENV, "1048576")
+    monkeypatch.setenv(extension.THREADS_ENV, "nonsense")
+    opts: Any = extension.load_options(pin=False)
+    assert (opts.read_threads, opts.readahead_bytes, opts.hash_threads, opts.pin) == (3, 1048576, None, False)
