@@ -7,8 +7,10 @@ default weight loader does for an unsharded tensor), and times
 - each stage alone: reading the files into pinned buffers (``preadv`` on N threads), blake3 over pinned
   memory (per 16 MiB chunk, as the loader feeds it), and the device copies (the ceiling, measured by the
   caller);
-- the whole pipeline (``loader.stream_into``) with the default options, with a model that discards the
-  tensors (read + hash only), and over a small sweep of reader threads and read-ahead.
+- both pipelines (``loader.stream_into``): the mapped path (page cache locked in place, GPU staging; what
+  a single-GPU engine runs) and the read path (files copied into pinned buffers; tensor parallel, or no
+  read-only registration), each with the worker's default options, with a model that discards the tensors
+  (host side only), and over a small sweep of their knobs.
 
 Every run's digest is checked against the publisher's. GB/s are 10^9 bytes per second.
 """
@@ -39,7 +41,7 @@ def _read_only(path: str, threads: int, repeats: int) -> dict[str, Any]:
 
     import torch
 
-    from rolloutfleet_worker import digest, loader
+    from rolloutfleet_worker import digest, loader, loader_read
 
     infos = digest.scan_directory(path)
     total = sum(t.nbytes for t in infos)
@@ -58,7 +60,7 @@ def _read_only(path: str, threads: int, repeats: int) -> dict[str, Any]:
         with ThreadPoolExecutor(threads) as pool:
             for _ in range(repeats):
                 t0 = time.perf_counter()
-                for fut in [pool.submit(loader._fill, *job) for job in jobs]:
+                for fut in [pool.submit(loader_read._fill, *job) for job in jobs]:
                     fut.result()
                 seconds.append(time.perf_counter() - t0)
     finally:
@@ -137,24 +139,38 @@ def _pipeline(path: str, model: Any, make_options: Callable[[], Any], expected: 
 
 def measure(path: str, expected_digest: str, repeats: int = 4) -> dict[str, Any]:
     """All of the above for checkpoint ``path``; the stand-in module is freed before returning."""
+    import dataclasses
+
     import torch
 
-    from rolloutfleet_worker import digest, loader
+    from rolloutfleet_worker import digest, extension
 
     nbytes = sum(t.nbytes for t in digest.scan_directory(path))
-    out: dict[str, Any] = {"bytes": nbytes, "default_read_threads": loader.default_read_threads()}
-    out["read_only"] = [_read_only(path, n, repeats) for n in (1, 2, 4, 8, 12)]
+    worker = extension.load_options(pin=True)  # exactly what a single-GPU worker would use
+    read = dataclasses.replace(worker, mode="read", pinner=None)
+    out: dict[str, Any] = {
+        "bytes": nbytes,
+        "default_read_threads": worker.read_threads,
+        "mapped_available": worker.pinner is not None,
+    }
+    out["read_only"] = [_read_only(path, n, repeats) for n in (2, 6, 12)]
     out["hash_only"] = _hash_only(nbytes, repeats)
-    pin = loader.LoadOptions(pin=True)
     stand_in = _StandIn(path)
-    out["pipeline_default"] = _pipeline(path, stand_in, lambda: pin, expected_digest, repeats)
-    out["pipeline_discard"] = _pipeline(path, _Discard(), lambda: pin, expected_digest, repeats)
+    out["pipeline_default"] = _pipeline(path, stand_in, lambda: worker, expected_digest, repeats)
+    out["pipeline_discard"] = _pipeline(path, _Discard(), lambda: worker, expected_digest, repeats)
+    out["read_default"] = _pipeline(path, stand_in, lambda: read, expected_digest, repeats)
+    out["read_discard"] = _pipeline(path, _Discard(), lambda: read, expected_digest, repeats)
     sweep = []
-    for threads in (2, 4, 8, 12):
-        for readahead in (512 * MiB, 2048 * MiB, 8192 * MiB):
-            opts = loader.LoadOptions(pin=True, read_threads=threads, readahead_bytes=readahead)
-            result = _pipeline(path, stand_in, lambda o=opts: o, expected_digest, 3)  # type: ignore[misc]
-            sweep.append({"read_threads": threads, "readahead_MiB": readahead // MiB, **result})
+    if worker.pinner is not None:
+        for lock_threads in (1, 2, 4):
+            for readahead in (512 * MiB, 2048 * MiB, 8192 * MiB):
+                opts = dataclasses.replace(worker, register_threads=lock_threads, readahead_bytes=readahead)
+                r = _pipeline(path, stand_in, lambda o=opts: o, expected_digest, 3)  # type: ignore[misc]
+                sweep.append({"path": "mapped", "lock_threads": lock_threads, "readahead_MiB": readahead // MiB, **r})
+    for read_threads, hash_threads in ((6, None), (6, 10), (8, 8), (4, 12)):
+        opts = dataclasses.replace(read, read_threads=read_threads, hash_threads=hash_threads)
+        r = _pipeline(path, stand_in, lambda o=opts: o, expected_digest, 3)  # type: ignore[misc]
+        sweep.append({"path": "read", "read_threads": read_threads, "hash_threads": hash_threads, **r})
     out["sweep"] = sweep
     del stand_in
     torch.cuda.empty_cache()
@@ -163,44 +179,48 @@ def measure(path: str, expected_digest: str, repeats: int = 4) -> dict[str, Any]
 
 def report_lines(stages: dict[str, Any], ceiling_gbps: float) -> list[str]:
     """The loader section of gpu_update.md."""
-    d = stages["pipeline_default"]
+
+    def row(label: str, r: dict[str, Any], bold: bool = False) -> str:
+        b = "**" if bold else ""
+        return (
+            f"| {b}{label}{b} | {b}{r['GBps_best']:.1f}{b} | {r['GBps_median']:.1f} | "
+            f"{b}{r['GBps_median'] / ceiling_gbps:.2f}x{b} |"
+        )
+
+    h = stages["hash_only"]
     lines = [
         "## The loader in-process, stage by stage (no vLLM; stand-in CUDA module, same verifier bytes)",
         "",
-        f"Default options: {stages['default_read_threads']} reader threads, 2 GiB read-ahead, 16 MiB chunks, "
-        "blake3 on all cores, pinned buffers. Best of the repeats after the first (first = cold pinned cache).",
+        f"Worker defaults: mapped path {'available' if stages['mapped_available'] else 'NOT available'} here; "
+        f"read path with {stages['default_read_threads']} reader threads; 2 GiB read-ahead; blake3 on all cores. "
+        "Best and median of the repeats after the first (the first warms the pinned/GPU caches).",
         "",
-        "| stage | GB/s best | GB/s median | vs ceiling |",
+        "| stage | GB/s best | GB/s median | median vs ceiling |",
         "|---|---|---|---|",
     ]
     for r in stages["read_only"]:
-        lines.append(
-            f"| read files → pinned, {r['threads']} threads | {r['GBps_best']:.1f} | {r['GBps_median']:.1f} | "
-            f"{r['GBps_best'] / ceiling_gbps:.2f}x |"
-        )
-    h = stages["hash_only"]
+        lines.append(row(f"read files → pinned buffers, {r['threads']} threads", r))
     lines += [
-        f"| blake3 over pinned memory, 16 MiB updates | {h['chunked']['GBps_best']:.1f} | "
-        f"{h['chunked']['GBps_median']:.1f} | {h['chunked']['GBps_best'] / ceiling_gbps:.2f}x |",
-        f"| blake3 over pinned memory, one update | {h['one_update']['GBps_best']:.1f} | "
-        f"{h['one_update']['GBps_median']:.1f} | |",
-        f"| pipeline, model discards (read + hash) | {stages['pipeline_discard']['GBps_best']:.1f} | "
-        f"{stages['pipeline_discard']['GBps_median']:.1f} | "
-        f"{stages['pipeline_discard']['GBps_best'] / ceiling_gbps:.2f}x |",
-        f"| **pipeline, defaults (read + hash + device copy)** | **{d['GBps_best']:.1f}** | {d['GBps_median']:.1f} | "
-        f"**{d['GBps_median'] / ceiling_gbps:.2f}x** |",
+        row("blake3 over memory, 16 MiB updates", h["chunked"]),
+        row("blake3 over memory, one update", h["one_update"]),
+        row("default pipeline, model discards (host side only)", stages["pipeline_discard"]),
+        row("default pipeline: read + hash + device copy", stages["pipeline_default"], bold=True),
+        row("read path, model discards", stages["read_discard"]),
+        row("read path: read + hash + device copy", stages["read_default"]),
         "",
-        f"First load of the process (cold pinned cache): {stages['bytes'] / d['first_s'] / GB:.1f} GB/s.",
+        f"First load of the process (cold caches): default pipeline "
+        f"{stages['bytes'] / stages['pipeline_default']['first_s'] / GB:.1f} GB/s.",
         "",
-        "Sweep (median of 2 after a first run, GB/s):",
+        "Sweep (median of 2 after a first run):",
         "",
-        "| reader threads | 512 MiB ahead | 2 GiB ahead | 8 GiB ahead |",
-        "|---|---|---|---|",
+        "| path | knobs | GB/s |",
+        "|---|---|---|",
     ]
-    by_threads: dict[int, list[str]] = {}
     for r in stages["sweep"]:
-        by_threads.setdefault(r["read_threads"], []).append(f"{r['GBps_median']:.1f}")
-    for threads, cells in by_threads.items():
-        lines.append(f"| {threads} | " + " | ".join(cells) + " |")
+        if r["path"] == "mapped":
+            knobs = f"{r['lock_threads']} lock threads, {r['readahead_MiB']} MiB ahead"
+        else:
+            knobs = f"{r['read_threads']} readers, {r['hash_threads'] or 'all'} hash threads"
+        lines.append(f"| {r['path']} | {knobs} | {r['GBps_median']:.1f} |")
     lines.append("")
     return lines

@@ -15,6 +15,7 @@ HTTP 500), so every method returns ``{"ok": False, "error": {...}}`` instead.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +41,11 @@ POLICY_ENV = "ROLLOUTFLEET_DRAFT_POLICY"
 DRAFT_PATH_ENV = "ROLLOUTFLEET_DRAFT_PATH"
 ROOTS_ENV = "ROLLOUTFLEET_WEIGHT_ROOTS"
 THREADS_ENV = "ROLLOUTFLEET_HASH_THREADS"
+# A child of vLLM's logger, so the lines land in the engine's log with its format and level.
+log = logging.getLogger("vllm.rolloutfleet")
 READ_THREADS_ENV = "ROLLOUTFLEET_LOAD_READ_THREADS"
 READAHEAD_ENV = "ROLLOUTFLEET_LOAD_READAHEAD_BYTES"
+MODE_ENV = "ROLLOUTFLEET_LOAD_MODE"
 
 
 class ErrorBody(TypedDict):
@@ -133,16 +137,26 @@ def _positive_env(name: str) -> int | None:
     return int(raw) if raw.isdigit() and int(raw) > 0 else None
 
 
-def load_options(pin: bool) -> Any:
-    """The loader's options from ROLLOUTFLEET_HASH_THREADS / ROLLOUTFLEET_LOAD_* (worker_image/README.md)."""
-    from rolloutfleet_worker import loader
+def load_options(pin: bool, world_size: int = 1) -> Any:
+    """The loader's options from ROLLOUTFLEET_LOAD_* / ROLLOUTFLEET_HASH_THREADS (worker_image/README.md).
+
+    The mapped path (page-locked page cache, GPU staging) is used for a single-rank engine on a GPU when
+    the platform locks read-only mappings, unless ``ROLLOUTFLEET_LOAD_MODE=read``; otherwise the read path.
+    """
+    from rolloutfleet_worker import loader, loader_mapped
 
     defaults = loader.LoadOptions()
+    mode = os.environ.get(MODE_ENV, "auto").strip() or "auto"
+    if mode not in ("auto", "mapped", "read"):
+        mode = "auto"
+    pinner = loader_mapped.cuda_pinner() if pin and world_size == 1 and mode != "read" else None
     return loader.LoadOptions(
         pin=pin,
+        mode=mode,  # type: ignore[arg-type]
         read_threads=_positive_env(READ_THREADS_ENV) or defaults.read_threads,
         hash_threads=_positive_env(THREADS_ENV),
         readahead_bytes=_positive_env(READAHEAD_ENV) or defaults.readahead_bytes,
+        pinner=pinner,
     )
 
 
@@ -253,7 +267,7 @@ def _load(worker: Any, target: object, path: object, revision: int | None, resto
             model,
             path,
             skip=skip or (lambda _name: False),
-            options=load_options(pin=models.on_cuda(model)),
+            options=load_options(pin=models.on_cuda(model), world_size=models.world_size()),
         )
     except digest.CheckpointError as exc:
         return _fail("io", str(exc))
@@ -261,6 +275,17 @@ def _load(worker: Any, target: object, path: object, revision: int | None, resto
         return _fail("load_failed", str(exc))
     except Exception as exc:
         return _fail("load_failed", f"{type(exc).__name__}: {exc}")
+    log.info(
+        "rolloutfleet: loaded %s revision %s from %s: %.2f GB in %.3f s (%.1f GB/s, %s path%s)",
+        target,
+        revision,
+        path,
+        outcome.bytes / 1e9,
+        outcome.seconds,
+        outcome.bytes / 1e9 / max(outcome.seconds, 1e-9),
+        outcome.path,
+        f", {outcome.unpinned_bytes / 1e9:.2f} GB not page-locked" if outcome.unpinned_bytes else "",
+    )
     slot.revision, slot.digest, slot.path, slot.verified = revision, outcome.digest, path, True
     slot.fingerprint = models.fingerprint(model, exclude)
     return LoadResult(

@@ -216,6 +216,22 @@ def on_cuda(model: Any) -> bool:
     return False
 
 
+def world_size() -> int:
+    """How many ranks share this engine's checkpoint (torch.distributed's world; 1 when not initialised).
+
+    The loader copies whole tensors to the GPU only when this is 1: with tensor or pipeline parallelism
+    each rank keeps a shard, so each would move the whole checkpoint over its link for a fraction of it.
+    """
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_world_size())
+    except Exception:
+        return 1
+    return 1
+
+
 def rank() -> int:
     """This worker's global rank: torch.distributed when initialised, else 0."""
     try:

@@ -1,11 +1,14 @@
-"""The streaming loader on CPU: chunking, read-ahead, skip, early stop, errors, and no thread left behind.
+"""The streaming loader on CPU, both pipelines: chunking, windows, read-ahead, skip, early stop, errors.
 
-The extension tests drive the loader through the RPCs with default options; these pin the pipeline's own
-rules with options chosen to stress them (chunks of a few bytes, a read-ahead of one tensor).
+The extension tests drive the loader through the RPCs with default options; these pin each pipeline's own
+rules with options chosen to stress them (chunks of a few bytes, a read-ahead of one tensor, windows of
+one page). The mapped path runs with a recording pinner in place of cudaHostRegister, which checks what
+the driver would: page-aligned, non-overlapping, every range unlocked exactly once.
 """
 
 from __future__ import annotations
 
+import mmap
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -16,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 from worker_fakes import write_verifier
 
-from rolloutfleet_worker import digest, loader
+from rolloutfleet_worker import digest, loader, loader_base
 
 pytestmark = pytest.mark.unit
 
@@ -53,14 +56,56 @@ def pipeline_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("rolloutfleet-")]
 
 
+class RecordingPinner:
+    """Stands in for cudaHostRegister: page alignment, no overlap, unlock once; can refuse every n-th."""
+
+    def __init__(self, refuse_every: int = 0) -> None:
+        self.live: dict[int, int] = {}
+        self.locked_total = self.calls = self.peak = 0
+        self.refuse_every = refuse_every
+        self.lock = threading.Lock()
+
+    def register(self, address: int, length: int) -> bool:
+        with self.lock:
+            self.calls += 1
+            assert address % mmap.PAGESIZE == 0, "unaligned registration"
+            for a, n in self.live.items():
+                assert address + length <= a or a + n <= address, "overlapping registration"
+            if self.refuse_every and self.calls % self.refuse_every == 0:
+                return False
+            self.live[address] = length
+            self.locked_total += length
+            self.peak = max(self.peak, sum(self.live.values()))
+            return True
+
+    def unregister(self, address: int) -> None:
+        with self.lock:
+            assert address in self.live, "unlock of a range never locked (or unlocked twice)"
+            del self.live[address]
+
+
+def mapped(pinner: RecordingPinner | None = None, **kw: Any) -> loader.LoadOptions:
+    return loader.LoadOptions(mode="mapped", pinner=pinner or RecordingPinner(), **kw)
+
+
 @pytest.mark.parametrize(
     "options",
     [
         loader.LoadOptions(),
         loader.LoadOptions(read_threads=1, chunk_bytes=7, readahead_bytes=1),
         loader.LoadOptions(read_threads=4, chunk_bytes=100, readahead_bytes=3000, hash_threads=1),
+        mapped(),
+        mapped(window_bytes=mmap.PAGESIZE, readahead_bytes=1, register_threads=1),
+        mapped(RecordingPinner(refuse_every=2), window_bytes=mmap.PAGESIZE, readahead_bytes=3 * mmap.PAGESIZE),
     ],
-    ids=["defaults", "one-reader-7-byte-chunks-one-tensor-ahead", "four-readers-100-byte-chunks"],
+    ids=[
+        "read-defaults",
+        "read-one-reader-7-byte-chunks-one-tensor-ahead",
+        "read-four-readers-100-byte-chunks",
+        "mapped-defaults",
+        "mapped-one-page-windows-nothing-ahead",
+        "mapped-every-other-window-refused",
+    ],
 )
 def test_every_tensor_arrives_intact_and_the_digest_matches_the_files(ckpt: Path, options: loader.LoadOptions) -> None:
     model = Recorder()
@@ -72,30 +117,72 @@ def test_every_tensor_arrives_intact_and_the_digest_matches_the_files(ckpt: Path
     assert outcome.digest == digest.digest_directory(ckpt)
     assert outcome.tensors == len(want) and outcome.bytes == sum(t.nbytes for t in digest.scan_directory(ckpt))
     assert pipeline_threads() == []
+    assert outcome.path == options.mode if options.mode != "auto" else outcome.path == "read"
+    if isinstance(options.pinner, RecordingPinner):
+        assert options.pinner.live == {}, "a window was left locked"
+        assert options.pinner.locked_total > 0
+        assert (outcome.unpinned_bytes > 0) == bool(options.pinner.refuse_every)
 
 
-def test_skipped_tensors_are_hashed_but_not_fed(ckpt: Path) -> None:
+def test_mapped_tensors_are_private_copies(ckpt: Path) -> None:
+    """The model may edit what it is given: the mapping (and so the files) must not change."""
+
+    class Editor(Recorder):
+        def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+            for name, tensor in weights:
+                tensor.add_(1)  # some vLLM loaders adjust weights in place (e.g. norm offsets)
+                self.seen[name] = tensor
+
+    before = digest.digest_directory(ckpt)
+    outcome = loader.stream_into(Editor(), ckpt, options=mapped())
+    assert outcome.digest == before == digest.digest_directory(ckpt)
+
+
+def test_mapped_lock_budget_fits_a_tensor_wider_than_the_read_ahead(ckpt: Path) -> None:
+    pinner = RecordingPinner()
+    opts = mapped(pinner, window_bytes=mmap.PAGESIZE, readahead_bytes=mmap.PAGESIZE)  # less than any big tensor
+    outcome = loader.stream_into(Recorder(), ckpt, options=opts)
+    assert outcome.digest == digest.digest_directory(ckpt) and pinner.live == {}
+
+
+@pytest.mark.parametrize("options", [loader.LoadOptions(), mapped()], ids=["read", "mapped"])
+def test_skipped_tensors_are_hashed_but_not_fed(ckpt: Path, options: loader.LoadOptions) -> None:
     model = Recorder()
-    outcome = loader.stream_into(model, ckpt, skip=lambda n: n.startswith("lm_head"))
+    outcome = loader.stream_into(model, ckpt, skip=lambda n: n.startswith("lm_head"), options=options)
     assert "lm_head.weight" not in model.seen and outcome.skipped == ["lm_head.weight"]
     assert outcome.digest == digest.digest_directory(ckpt)
 
 
-def test_a_loader_that_stops_early_still_gets_the_whole_digest(ckpt: Path) -> None:
+@pytest.mark.parametrize(
+    "options",
+    [loader.LoadOptions(chunk_bytes=64, readahead_bytes=1), mapped(window_bytes=mmap.PAGESIZE, readahead_bytes=1)],
+    ids=["read", "mapped"],
+)
+def test_a_loader_that_stops_early_still_gets_the_whole_digest(ckpt: Path, options: loader.LoadOptions) -> None:
     model = Recorder(stop_after=2)
-    outcome = loader.stream_into(model, ckpt, options=loader.LoadOptions(chunk_bytes=64, readahead_bytes=1))
+    outcome = loader.stream_into(model, ckpt, options=options)
     assert outcome.tensors == 2 and len(model.seen) == 2
     assert outcome.digest == digest.digest_directory(ckpt)
     assert pipeline_threads() == []
 
 
-def test_a_failing_load_weights_stops_every_thread(ckpt: Path) -> None:
+@pytest.mark.parametrize(
+    "options",
+    [loader.LoadOptions(chunk_bytes=50, readahead_bytes=1), mapped(window_bytes=mmap.PAGESIZE, readahead_bytes=1)],
+    ids=["read", "mapped"],
+)
+def test_a_failing_load_weights_stops_every_thread(ckpt: Path, options: loader.LoadOptions) -> None:
     with pytest.raises(loader.LoadWeightsError, match="model refused"):
-        loader.stream_into(Recorder(fail_at=3), ckpt, options=loader.LoadOptions(chunk_bytes=50, readahead_bytes=1))
+        loader.stream_into(Recorder(fail_at=3), ckpt, options=options)
     assert pipeline_threads() == []
+    if isinstance(options.pinner, RecordingPinner):
+        assert options.pinner.live == {}
 
 
-def test_a_file_truncated_after_the_scan_is_an_io_error(ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("options", [loader.LoadOptions(chunk_bytes=64), mapped()], ids=["read", "mapped"])
+def test_a_file_truncated_after_the_scan_is_an_io_error(
+    ckpt: Path, monkeypatch: pytest.MonkeyPatch, options: loader.LoadOptions
+) -> None:
     scan = digest.scan_directory
 
     def scan_then_truncate(path: Path | str) -> list[digest.TensorInfo]:
@@ -107,7 +194,7 @@ def test_a_file_truncated_after_the_scan_is_an_io_error(ckpt: Path, monkeypatch:
 
     monkeypatch.setattr(loader.digest, "scan_directory", scan_then_truncate)
     with pytest.raises(digest.CheckpointError, match="truncated while reading"):
-        loader.stream_into(Recorder(), ckpt, options=loader.LoadOptions(chunk_bytes=64))
+        loader.stream_into(Recorder(), ckpt, options=options)
     assert pipeline_threads() == []
 
 
@@ -115,13 +202,13 @@ def test_read_ahead_stays_within_its_budget(ckpt: Path, monkeypatch: pytest.Monk
     sizes = [t.nbytes for t in digest.scan_directory(ckpt)]
     limit = max(sizes) + 1  # room for the largest tensor, never for two of the big ones at once
     peaks: list[int] = []
-    acquire = loader._Budget.acquire
+    acquire = loader_base.Budget.acquire
 
-    def watched(self: loader._Budget, n: int, stop: threading.Event) -> None:
+    def watched(self: loader_base.Budget, n: int, stop: threading.Event) -> None:
         acquire(self, n, stop)
         peaks.append(self.used)
 
-    monkeypatch.setattr(loader._Budget, "acquire", watched)
+    monkeypatch.setattr(loader_base.Budget, "acquire", watched)
 
     class Slow(Recorder):
         def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -147,5 +234,8 @@ def test_environment_configures_the_extension_loader(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv(extension.READ_THREADS_ENV, "3")
     monkeypatch.setenv(extension.READAHEAD_ENV, "1048576")
     monkeypatch.setenv(extension.THREADS_ENV, "nonsense")
+    monkeypatch.setenv(extension.MODE_ENV, "mapped")
     opts: Any = extension.load_options(pin=False)
     assert (opts.read_threads, opts.readahead_bytes, opts.hash_threads, opts.pin) == (3, 1048576, None, False)
+    # No GPU: nothing to page-lock for, so the read path runs whatever the mode says.
+    assert opts.mode == "mapped" and opts.pinner is None

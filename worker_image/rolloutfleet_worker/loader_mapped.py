@@ -1,0 +1,436 @@
+"""The mapped path of the loader: page-lock the checkpoint's page cache in place and copy from it.
+
+Used by ``loader.stream_into`` for a single-GPU engine when read-only host registration works (the H200
+host: ``cudaHostRegister`` of an mmap at 42 GB/s, copies from it at the link's 55 GB/s). Copying the
+files into pinned buffers first costs ~0.18 core-seconds per GB on top of blake3's ~0.34, which caps the
+read path near 30 GB/s on 16 cores; here the CPU only hashes. Stages, all running at once:
+
+- a scheduler thread page-locks the files' windows (``WINDOW_BYTES``) in order on a small pool, within the
+  read-ahead budget of locked bytes;
+- a copier thread, once a tensor's windows are locked, copies its bytes to a staging tensor on the GPU
+  on a side stream and records an event;
+- a hasher thread hashes each tensor straight from the mapping (one blake3 update, every core);
+- the calling thread makes the model's stream wait for the copy and hands the GPU tensor to
+  ``model.load_weights`` (whose copies into the parameters are then device to device).
+
+The model never sees host memory: a loader that edits a tensor in place edits its private GPU copy, and
+the mapping stays read-only (nothing can write the checkpoint, and the DMA reads the same pages the hash
+reads). Windows are unlocked once the copies that read them have finished. A window the driver refuses
+to lock is copied from pageable memory instead (slower, same bytes); a staging tensor the GPU has no room
+for is handed over as a private host copy.
+"""
+
+from __future__ import annotations
+
+import mmap
+import queue
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rolloutfleet_worker import digest
+from rolloutfleet_worker.loader_base import (
+    POLL,
+    REGISTER_READ_ONLY,
+    Budget,
+    ErrorLatch,
+    HostPinner,
+    LoadOptions,
+    StoppedError,
+    memory,
+    torch_dtype,
+)
+
+
+class CudaPinner:
+    """``cudaHostRegister(..., cudaHostRegisterReadOnly)`` through torch's bundled cudart binding."""
+
+    def __init__(self) -> None:
+        self._cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+
+    def register(self, address: int, length: int) -> bool:
+        if int(self._cudart.cudaHostRegister(address, length, REGISTER_READ_ONLY)) == 0:
+            return True
+        # A refused registration leaves a (non-sticky) last error that a later kernel check could report.
+        clear = getattr(self._cudart, "cudaGetLastError", None)
+        if clear is not None:
+            clear()
+        return False
+
+    def unregister(self, address: int) -> None:
+        self._cudart.cudaHostUnregister(address)
+
+
+_probed: dict[str, CudaPinner | None] = {}
+
+
+def cuda_pinner() -> HostPinner | None:
+    """A CUDA pinner when this platform locks a read-only file mapping (probed once per process)."""
+    if "cuda" not in _probed:
+        _probed["cuda"] = _probe()
+    return _probed["cuda"]
+
+
+def _probe() -> CudaPinner | None:
+    if not torch.cuda.is_available():
+        return None
+    try:
+        pinner = CudaPinner()
+        with tempfile.TemporaryFile() as f:
+            f.write(b"\0" * mmap.PAGESIZE)
+            f.flush()
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                address = _address(mm)
+                ok = pinner.register(address, mmap.PAGESIZE)
+                if ok:
+                    pinner.unregister(address)
+        return pinner if ok else None
+    except Exception:
+        return None
+
+
+def _address(mm: mmap.mmap) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # read-only mapping: torch warns, we only read from it
+        return torch.frombuffer(mm, dtype=torch.uint8).data_ptr()
+
+
+class CudaCopies:
+    """Host→device copies on a side stream of the caller's device, handed over with events."""
+
+    def __init__(self) -> None:
+        self.device = torch.cuda.current_device()
+        self.stream: Any = None
+
+    def bind(self) -> None:
+        """Called first in the copier thread: a new thread would default to device 0."""
+        torch.cuda.set_device(self.device)
+        self.stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+
+    def empty(self, n: int) -> torch.Tensor:
+        with torch.cuda.stream(self.stream):
+            return torch.empty(n, dtype=torch.uint8, device=f"cuda:{self.device}")
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> Any:
+        with torch.cuda.stream(self.stream):
+            dst.copy_(src, non_blocking=True)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(self.stream)
+        return event
+
+    def hand_over(self, tensor: torch.Tensor, event: Any) -> None:
+        """On the model's thread: its stream waits for the copy; the allocator keeps the block until then."""
+        if event is None:
+            return
+        current = torch.cuda.current_stream()
+        current.wait_event(event)
+        tensor.record_stream(current)
+
+    def wait(self, event: Any) -> None:
+        if event is not None:
+            event.synchronize()
+
+
+class HostCopies:
+    """The same interface for a model on the CPU (the unit tests): plain synchronous copies."""
+
+    def bind(self) -> None:
+        pass
+
+    def empty(self, n: int) -> torch.Tensor:
+        return torch.empty(n, dtype=torch.uint8)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> Any:
+        dst.copy_(src)
+        return None
+
+    def hand_over(self, tensor: torch.Tensor, event: Any) -> None:
+        pass
+
+    def wait(self, event: Any) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class _Mapped:
+    """One checkpoint file, mapped read-only; ``base`` is a uint8 tensor over the whole mapping."""
+
+    file: Path
+    mm: mmap.mmap
+    base: torch.Tensor
+    address: int
+
+
+@dataclass(slots=True)
+class _Window:
+    """A page-aligned span of one mapping, locked and unlocked as a unit."""
+
+    address: int
+    length: int
+    pending: int = 0  # fed tensors overlapping it whose copy is not issued yet
+    locked: threading.Event = field(default_factory=threading.Event)  # set once the attempt finished
+    pinned: bool = False
+    last_copy: Any = None  # event of the latest copy reading it (copies are ordered on one stream)
+
+
+@dataclass(slots=True)
+class _Tensor:
+    info: digest.TensorInfo
+    mapped: _Mapped
+    windows: list[_Window]
+
+
+class MappedPipeline:
+    """The threads of one mapped-path load; ``tensors()`` is what ``load_weights`` iterates."""
+
+    def __init__(
+        self,
+        infos: list[digest.TensorInfo],
+        skip: Callable[[str], bool],
+        options: LoadOptions,
+        pinner: HostPinner,
+        copies: CudaCopies | HostCopies,
+    ) -> None:
+        self.infos, self.skip, self.options = infos, skip, options
+        self.pinner, self.copies = pinner, copies
+        self.builder = digest.DigestBuilder()
+        self.skipped: list[str] = []
+        self.unpinned_bytes = 0  # bytes copied from pageable memory (a window the driver refused)
+        self.host_fallback_bytes = 0  # bytes handed over in host memory (no GPU room for staging)
+        self.latch = ErrorLatch()
+        self.locked = Budget(options.readahead_bytes)  # limit raised in _map to fit the widest tensor
+        self.staged = Budget(options.readahead_bytes)
+        self.files: dict[Path, _Mapped] = {}
+        self.windows: list[_Window] = []
+        self.fed: list[_Tensor] = []
+        self.all: list[_Tensor] = []
+        self.to_feed: queue.Queue[tuple[_Tensor, torch.Tensor, Any, bool] | None] = queue.Queue()
+        self.pool = ThreadPoolExecutor(max(1, options.register_threads), thread_name_prefix="rolloutfleet-lock")
+        self.jobs: list[Future[None]] = []
+        self.threads = [
+            threading.Thread(target=self._schedule, name="rolloutfleet-schedule", daemon=True),
+            threading.Thread(target=self._copy, name="rolloutfleet-copy", daemon=True),
+            threading.Thread(target=self._hash, name="rolloutfleet-hash", daemon=True),
+        ]
+
+    @property
+    def error(self) -> BaseException | None:
+        return self.latch.error
+
+    # -- lifecycle (calling thread) ------------------------------------------------------------------
+
+    def start(self) -> None:
+        try:
+            self._map()
+        except BaseException:
+            self.close()
+            raise
+        for thread in self.threads:
+            thread.start()
+
+    def _map(self) -> None:
+        page = mmap.PAGESIZE
+        step = max(page, self.options.window_bytes // page * page)
+        windows: dict[Path, list[_Window]] = {}
+        for info in self.infos:
+            if info.file not in self.files:
+                try:
+                    with info.file.open("rb") as f:
+                        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                except (OSError, ValueError) as exc:
+                    raise digest.CheckpointError(info.file, f"unreadable: {exc}") from exc
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # read-only mapping; nothing writes through it
+                    base = torch.frombuffer(mm, dtype=torch.uint8)
+                mapped = _Mapped(info.file, mm, base, base.data_ptr())
+                self.files[info.file] = mapped
+                spans = range(0, len(mm), step)
+                windows[info.file] = [_Window(mapped.address + s, min(step, len(mm) - s)) for s in spans]
+                self.windows.extend(windows[info.file])
+            mapped = self.files[info.file]
+            if len(mapped.mm) < info.offset + info.nbytes:
+                raise digest.CheckpointError(info.file, "truncated while reading")
+            first, last = info.offset // step, max(info.offset, info.offset + info.nbytes - 1) // step
+            tensor = _Tensor(info, mapped, windows[info.file][first : last + 1] if info.nbytes else [])
+            self.all.append(tensor)
+            if self.skip(info.name):
+                self.skipped.append(info.name)
+            else:
+                torch_dtype(info.dtype, info.file)  # refuse an unsupported dtype before any copy
+                for w in tensor.windows:
+                    w.pending += 1
+                self.fed.append(tensor)
+                # A tensor is staged only once all its windows are locked, and windows unlock only after
+                # that: the lock budget must hold the widest tensor's windows, plus room to read ahead.
+                span = sum(w.length for w in tensor.windows) + 2 * step
+                self.locked.limit = max(self.locked.limit, span)
+
+    def close(self) -> None:
+        """Stop every thread, wait for the copies, unlock every window; nothing reads the mappings after."""
+        self.latch.stop.set()
+        for thread in self.threads:
+            if thread.is_alive():
+                thread.join()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        for w in self.windows:
+            if w.pinned:
+                self.copies.wait(w.last_copy)
+                self.pinner.unregister(w.address)
+                w.pinned = False
+        # The mappings close when the last tensor over them is gone (a loader may still hold one).
+        self.files.clear()
+        if isinstance(self.copies, CudaCopies):
+            torch.cuda.empty_cache()  # give the staging blocks back before the KV cache wakes
+
+    def finish(self) -> None:
+        """After ``tensors()`` ran out: wait for the hash of every tensor and every unlock; raise an error."""
+        for thread in self.threads:
+            while thread.is_alive():
+                thread.join(POLL)
+        for job in list(self.jobs):
+            job.result()
+        if self.latch.error is not None:
+            raise self.latch.error
+
+    # -- scheduler thread: lock windows in order -----------------------------------------------------
+
+    def _schedule(self) -> None:
+        try:
+            for w in self.windows:
+                if self.latch.stop.is_set():
+                    return
+                if w.pending == 0:  # only skipped tensors (or none) here: nothing to copy from it
+                    w.locked.set()
+                    continue
+                self.locked.acquire(w.length, self.latch.stop)
+                self.jobs.append(self.pool.submit(self._lock, w))
+        except StoppedError:
+            return
+        except BaseException as exc:
+            self.latch.fail(exc)
+
+    def _lock(self, w: _Window) -> None:
+        try:
+            w.pinned = self.pinner.register(w.address, w.length)
+        except BaseException as exc:
+            self.latch.fail(exc)
+        finally:
+            if not w.pinned:
+                self.locked.release(w.length)
+            w.locked.set()
+
+    def _unlock(self, w: _Window) -> None:
+        try:
+            self.copies.wait(w.last_copy)
+            if w.pinned:
+                self.pinner.unregister(w.address)
+                w.pinned = False
+                self.locked.release(w.length)
+        except BaseException as exc:
+            self.latch.fail(exc)
+
+    # -- copier thread: GPU staging in order ---------------------------------------------------------
+
+    def _copy(self) -> None:
+        try:
+            self.copies.bind()
+            for t in self.fed:
+                for w in t.windows:
+                    while not w.locked.wait(POLL):
+                        if self.latch.stop.is_set():
+                            return
+                self.to_feed.put(self._stage(t))
+        except StoppedError:
+            return
+        except BaseException as exc:
+            self.latch.fail(exc)
+        finally:
+            self.to_feed.put(None)
+
+    def _stage(self, t: _Tensor) -> tuple[_Tensor, torch.Tensor, Any, bool]:
+        info = t.info
+        source = t.mapped.base[info.offset : info.offset + info.nbytes]
+        if any(not w.pinned for w in t.windows):
+            self.unpinned_bytes += info.nbytes
+        self.staged.acquire(info.nbytes, self.latch.stop)
+        try:
+            staging = self._device_buffer(info.nbytes)
+        except torch.cuda.OutOfMemoryError:
+            staging = None
+        if staging is None:  # no room on the GPU even with nothing staged: a private host copy
+            self.host_fallback_bytes += info.nbytes
+            event, staging, on_device = None, source.clone(), False
+        else:
+            event, on_device = self.copies.copy(staging, source), True
+        for w in t.windows:
+            w.last_copy = event if event is not None else w.last_copy
+            w.pending -= 1
+            if w.pending == 0:
+                self.jobs.append(self.pool.submit(self._unlock, w))
+        return t, staging, event, on_device
+
+    def _device_buffer(self, n: int) -> torch.Tensor | None:
+        """A staging tensor; on OOM wait for the model to drain what is staged, then try once more."""
+        try:
+            return self.copies.empty(n)
+        except torch.cuda.OutOfMemoryError:
+            while self.staged.used > n:  # ours is counted already
+                if self.latch.stop.is_set():
+                    raise StoppedError from None
+                threading.Event().wait(POLL)
+            try:
+                return self.copies.empty(n)
+            except torch.cuda.OutOfMemoryError:
+                return None
+
+    # -- hasher thread -------------------------------------------------------------------------------
+
+    def _hash(self) -> None:
+        try:
+            for t in self.all:
+                if self.latch.stop.is_set():
+                    return
+                hasher = digest.TensorHasher(t.info, threads=self.options.hash_threads)
+                if t.info.nbytes:
+                    hasher.update(memory(t.mapped.address + t.info.offset, t.info.nbytes))
+                self.builder.add(t.info, hasher.finish())
+        except BaseException as exc:
+            self.latch.fail(exc)
+
+    # -- calling thread ------------------------------------------------------------------------------
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each fed tensor once its copy is issued, in file order; raises the first stage error."""
+        while True:
+            item = self._next()
+            if item is None:
+                if self.latch.error is not None:
+                    raise self.latch.error
+                return
+            t, staging, event, _on_device = item
+            info = t.info
+            self.copies.hand_over(staging, event)
+            tensor = staging.view(torch_dtype(info.dtype, info.file)).reshape(info.shape)
+            try:
+                yield info.name, tensor
+            finally:
+                del tensor, staging
+                self.staged.release(info.nbytes)
+
+    def _next(self) -> tuple[_Tensor, torch.Tensor, Any, bool] | None:
+        while True:
+            if self.latch.error is not None:
+                raise self.latch.error
+            if self.latch.stop.is_set() and self.to_feed.empty():
+                return None
+            try:
+                return self.to_feed.get(timeout=POLL)
+            except queue.Empty:
+                continue
