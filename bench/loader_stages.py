@@ -12,7 +12,10 @@ default weight loader does for an unsharded tensor), and times
   read-only registration), each with the worker's default options, with a model that discards the tensors
   (host side only), and over a small sweep of their knobs.
 
-Every run's digest is checked against the publisher's. GB/s are 10^9 bytes per second.
+Every run's digest is checked against the publisher's. GB/s are 10^9 bytes per second. Alone (no vLLM
+needed, only torch with CUDA, blake3 and safetensors), it writes a checkpoint of the bench's shape first:
+
+    python3 bench/loader_stages.py --out DIR     # DIR/loader_stages.json and .md
 """
 
 from __future__ import annotations
@@ -224,3 +227,63 @@ def report_lines(stages: dict[str, Any], ceiling_gbps: float) -> list[str]:
         lines.append(f"| {r['path']} | {knobs} | {r['GBps_median']:.1f} |")
     lines.append("")
     return lines
+
+
+def main() -> int:
+    import argparse
+    import json
+    import pathlib
+    import sys
+
+    sys.path[:0] = [str(pathlib.Path(__file__).resolve().parent.parent / "worker_image")]
+    import torch
+    from safetensors.torch import save_file
+
+    from rolloutfleet_worker import digest
+
+    parser = argparse.ArgumentParser(description="the loader alone, stage by stage, on the GPU")
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--work", type=pathlib.Path, default=pathlib.Path("/tmp/rf-loader"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    h, i, kv = 8192, 28672, 1024  # the verifier of bench/gpu_update.py: 2 layers, 3.49 GB of bf16
+    shapes = {"model.embed_tokens.weight": (2048, h), "lm_head.weight": (2048, h), "model.norm.weight": (h,)}
+    for layer in range(2):
+        p = f"model.layers.{layer}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (h, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, h),
+            p + "mlp.gate_proj.weight": (i, h),
+            p + "mlp.up_proj.weight": (i, h),
+            p + "mlp.down_proj.weight": (h, i),
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+        }
+    names = sorted(shapes)
+    for k, part in enumerate((names[: len(names) // 2], names[len(names) // 2 :])):
+        tensors = {n: torch.randn(shapes[n], dtype=torch.bfloat16, device="cuda").cpu() for n in part}
+        save_file(tensors, str(args.work / f"model-0000{k + 1}-of-00002.safetensors"))
+    expected = digest.digest_directory(args.work)
+    stages = measure(str(args.work), expected)
+    ceiling = torch.empty(stages["bytes"], dtype=torch.uint8, pin_memory=True)
+    device = torch.empty(stages["bytes"], dtype=torch.uint8, device="cuda")
+    seconds = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        device.copy_(ceiling, non_blocking=True)
+        torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - t0)
+    stages["ceiling_GBps"] = stages["bytes"] / min(seconds) / GB
+    (args.out / "loader_stages.json").write_text(json.dumps(stages, indent=1))
+    text = "\n".join(report_lines(stages, stages["ceiling_GBps"]))
+    (args.out / "loader_stages.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -22,6 +22,8 @@ for is handed over as a private host copy.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import mmap
 import queue
 import tempfile
@@ -58,14 +60,25 @@ class CudaPinner:
     def register(self, address: int, length: int) -> bool:
         if int(self._cudart.cudaHostRegister(address, length, REGISTER_READ_ONLY)) == 0:
             return True
-        # A refused registration leaves a (non-sticky) last error that a later kernel check could report.
-        clear = getattr(self._cudart, "cudaGetLastError", None)
-        if clear is not None:
-            clear()
+        # A refused registration leaves a (non-sticky) last error behind, and torch's next kernel-launch
+        # check would report it as that kernel's failure: consume it here.
+        _clear_last_error()
         return False
 
     def unregister(self, address: int) -> None:
         self._cudart.cudaHostUnregister(address)
+
+
+def _clear_last_error() -> None:
+    """Reset the CUDA runtime's last error (torch's cudart binding has no cudaGetLastError)."""
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            ctypes.CDLL(name).cudaGetLastError()
+            return
+        except (OSError, AttributeError):
+            continue
+    with contextlib.suppress(RuntimeError):  # no library by that name: a kernel's launch check consumes it
+        torch.ones(1, device="cuda").add_(1)
 
 
 _probed: dict[str, CudaPinner | None] = {}
@@ -251,8 +264,10 @@ class MappedPipeline:
                     base = torch.frombuffer(mm, dtype=torch.uint8)
                 mapped = _Mapped(info.file, mm, base, base.data_ptr())
                 self.files[info.file] = mapped
-                spans = range(0, len(mm), step)
-                windows[info.file] = [_Window(mapped.address + s, min(step, len(mm) - s)) for s in spans]
+                # Whole pages only: the driver locks pages, and the mapping's last page is readable to its end.
+                size = -(-len(mm) // page) * page
+                spans = range(0, size, step)
+                windows[info.file] = [_Window(mapped.address + s, min(step, size - s)) for s in spans]
                 self.windows.extend(windows[info.file])
             mapped = self.files[info.file]
             if len(mapped.mm) < info.offset + info.nbytes:

@@ -68,7 +68,7 @@ class RecordingPinner:
     def register(self, address: int, length: int) -> bool:
         with self.lock:
             self.calls += 1
-            assert address % mmap.PAGESIZE == 0, "unaligned registration"
+            assert address % mmap.PAGESIZE == 0 and length % mmap.PAGESIZE == 0, "not whole pages"
             for a, n in self.live.items():
                 assert address + length <= a or a + n <= address, "overlapping registration"
             if self.refuse_every and self.calls % self.refuse_every == 0:
