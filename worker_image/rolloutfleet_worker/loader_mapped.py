@@ -23,7 +23,6 @@ for is handed over as a private host copy.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import mmap
 import queue
 import tempfile
@@ -70,14 +69,12 @@ class CudaPinner:
 
 
 def _clear_last_error() -> None:
-    """Reset the CUDA runtime's last error (torch's cudart binding has no cudaGetLastError)."""
-    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
-        try:
-            ctypes.CDLL(name).cudaGetLastError()
-            return
-        except (OSError, AttributeError):
-            continue
-    with contextlib.suppress(RuntimeError):  # no library by that name: a kernel's launch check consumes it
+    """Reset the CUDA runtime's last error (torch's cudart binding has no cudaGetLastError).
+
+    Loading libcudart by name could reach a different copy of the runtime than torch's, so the error is
+    consumed the way torch would meet it: a tiny kernel whose launch check reads (and resets) it.
+    """
+    with contextlib.suppress(RuntimeError):
         torch.ones(1, device="cuda").add_(1)
 
 
@@ -131,11 +128,15 @@ class CudaCopies:
         with torch.cuda.stream(self.stream):
             return torch.empty(n, dtype=torch.uint8, device=f"cuda:{self.device}")
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> Any:
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Queue one copy; ``src`` must lie inside one registration (the driver refuses a span of two)."""
         with torch.cuda.stream(self.stream):
             dst.copy_(src, non_blocking=True)
-            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            event.record(self.stream)
+
+    def record(self) -> Any:
+        """An event after every copy queued so far."""
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record(self.stream)
         return event
 
     def hand_over(self, tensor: torch.Tensor, event: Any) -> None:
@@ -160,8 +161,10 @@ class HostCopies:
     def empty(self, n: int) -> torch.Tensor:
         return torch.empty(n, dtype=torch.uint8)
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> Any:
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
+
+    def record(self) -> Any:
         return None
 
     def hand_over(self, tensor: torch.Tensor, event: Any) -> None:
@@ -383,7 +386,14 @@ class MappedPipeline:
             self.host_fallback_bytes += info.nbytes
             event, staging, on_device = None, source.clone(), False
         else:
-            event, on_device = self.copies.copy(staging, source), True
+            # One copy per window: a source spanning two registrations is an invalid argument to the driver.
+            start, end = info.offset, info.offset + info.nbytes
+            for w in t.windows:
+                lo = max(start, w.address - t.mapped.address)
+                hi = min(end, w.address - t.mapped.address + w.length)
+                if lo < hi:
+                    self.copies.copy(staging[lo - start : hi - start], source[lo - start : hi - start])
+            event, on_device = self.copies.record(), True
         for w in t.windows:
             w.last_copy = event if event is not None else w.last_copy
             w.pending -= 1

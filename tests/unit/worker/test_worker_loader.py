@@ -239,3 +239,27 @@ def test_environment_configures_the_extension_loader(monkeypatch: pytest.MonkeyP
     assert (opts.read_threads, opts.readahead_bytes, opts.hash_threads, opts.pin) == (3, 1048576, None, False)
     # No GPU: nothing to page-lock for, so the read path runs whatever the mode says.
     assert opts.mode == "mapped" and opts.pinner is None
+
+
+def test_mapped_copies_never_span_two_registrations(ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA driver refuses (invalid argument) a copy whose source crosses from one locked range into another."""
+    from rolloutfleet_worker import loader_mapped
+
+    pinner = RecordingPinner()
+    pieces: list[int] = []
+
+    class Checking(loader_mapped.HostCopies):
+        def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+            lo, hi = src.data_ptr(), src.data_ptr() + src.numel()
+            with pinner.lock:
+                inside = [a for a, n in pinner.live.items() if a <= lo and hi <= a + n]
+                touching = [a for a, n in pinner.live.items() if lo < a + n and a < hi]
+            assert len(touching) <= 1 and inside == touching, "copy spans two registrations"
+            pieces.append(src.numel())
+            super().copy(dst, src)
+
+    monkeypatch.setattr(loader_mapped, "HostCopies", Checking)
+    opts = mapped(pinner, window_bytes=mmap.PAGESIZE, readahead_bytes=1)
+    outcome = loader.stream_into(Recorder(), ckpt, options=opts)
+    assert outcome.digest == digest.digest_directory(ckpt)
+    assert len(pieces) > outcome.tensors  # one-page windows split the larger tensors
