@@ -96,6 +96,52 @@ def _hash_only(nbytes: int, repeats: int) -> dict[str, Any]:
     return {"chunked": _best_and_median(chunked, nbytes), "one_update": _best_and_median(whole, nbytes)}
 
 
+def _lock_while_copying(path: str) -> dict[str, Any]:
+    """Does page-locking wait for the device? Lock one window with the GPU idle, then behind a long copy."""
+    import mmap
+    import os
+    import warnings
+
+    import torch
+
+    from rolloutfleet_worker import digest, loader_base, loader_mapped
+
+    pinner = loader_mapped.cuda_pinner()
+    if pinner is None:
+        return {"error": "no pinner"}
+    file = digest.scan_directory(path)[0].file
+    fd = os.open(file, os.O_RDONLY)
+    mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    os.close(fd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        address = torch.frombuffer(mm, dtype=torch.uint8).data_ptr()
+    window = min(loader_base.WINDOW_BYTES, len(mm) // mmap.PAGESIZE * mmap.PAGESIZE)
+    big = 4 << 30
+    src = torch.empty(big, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(big, dtype=torch.uint8, device="cuda")
+    out: dict[str, Any] = {"window_bytes": window}
+    for label, busy in (("idle", False), ("behind_a_copy", True), ("idle_again", False)):
+        torch.cuda.synchronize()
+        if busy:
+            t_copy = time.perf_counter()
+            dst.copy_(src, non_blocking=True)  # ~75 ms of DMA queued
+        t0 = time.perf_counter()
+        ok = pinner.register(address, window)
+        lock_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if ok:
+            pinner.unregister(address)
+        unlock_s = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        entry = {"locked": ok, "lock_s": lock_s, "unlock_s": unlock_s}
+        if busy:
+            entry["copy_s"] = time.perf_counter() - t_copy
+        out[label] = entry
+    del src, dst
+    return out
+
+
 class _StandIn:
     """Parameters of the checkpoint's shapes on the GPU; ``load_weights`` copies into them in place."""
 
@@ -146,32 +192,35 @@ def measure(path: str, expected_digest: str, repeats: int = 4) -> dict[str, Any]
 
     import torch
 
-    from rolloutfleet_worker import digest, extension
+    from rolloutfleet_worker import digest, extension, loader_mapped
 
     nbytes = sum(t.nbytes for t in digest.scan_directory(path))
-    worker = extension.load_options(pin=True)  # exactly what a single-GPU worker would use
-    read = dataclasses.replace(worker, mode="read", pinner=None)
+    worker = extension.load_options(pin=True)  # exactly what a single-GPU worker uses by default
+    pinner = loader_mapped.cuda_pinner()
+    mapped = dataclasses.replace(worker, mode="mapped", pinner=pinner)
     out: dict[str, Any] = {
         "bytes": nbytes,
         "default_read_threads": worker.read_threads,
-        "mapped_available": worker.pinner is not None,
+        "mapped_available": pinner is not None,
     }
     out["read_only"] = [_read_only(path, n, repeats) for n in (2, 6, 12)]
     out["hash_only"] = _hash_only(nbytes, repeats)
+    if pinner is not None:
+        out["lock_while_copying"] = _lock_while_copying(path)
     stand_in = _StandIn(path)
     out["pipeline_default"] = _pipeline(path, stand_in, lambda: worker, expected_digest, repeats)
     out["pipeline_discard"] = _pipeline(path, _Discard(), lambda: worker, expected_digest, repeats)
-    out["read_default"] = _pipeline(path, stand_in, lambda: read, expected_digest, repeats)
-    out["read_discard"] = _pipeline(path, _Discard(), lambda: read, expected_digest, repeats)
     sweep = []
-    if worker.pinner is not None:
-        for lock_threads in (1, 2, 4):
-            for readahead in (512 * MiB, 2048 * MiB, 8192 * MiB):
-                opts = dataclasses.replace(worker, register_threads=lock_threads, readahead_bytes=readahead)
+    if pinner is not None:
+        out["mapped_default"] = _pipeline(path, stand_in, lambda: mapped, expected_digest, repeats)
+        out["mapped_discard"] = _pipeline(path, _Discard(), lambda: mapped, expected_digest, repeats)
+        for lock_threads in (1, 2):
+            for readahead in (2048 * MiB, 8192 * MiB):
+                opts = dataclasses.replace(mapped, register_threads=lock_threads, readahead_bytes=readahead)
                 r = _pipeline(path, stand_in, lambda o=opts: o, expected_digest, 3)  # type: ignore[misc]
                 sweep.append({"path": "mapped", "lock_threads": lock_threads, "readahead_MiB": readahead // MiB, **r})
-    for read_threads, hash_threads in ((6, None), (6, 10), (8, 8), (4, 12)):
-        opts = dataclasses.replace(read, read_threads=read_threads, hash_threads=hash_threads)
+    for read_threads, hash_threads in ((6, None), (6, 10), (8, 8), (12, None)):
+        opts = dataclasses.replace(worker, read_threads=read_threads, hash_threads=hash_threads)
         r = _pipeline(path, stand_in, lambda o=opts: o, expected_digest, 3)  # type: ignore[misc]
         sweep.append({"path": "read", "read_threads": read_threads, "hash_threads": hash_threads, **r})
     out["sweep"] = sweep
@@ -194,8 +243,9 @@ def report_lines(stages: dict[str, Any], ceiling_gbps: float) -> list[str]:
     lines = [
         "## The loader in-process, stage by stage (no vLLM; stand-in CUDA module, same verifier bytes)",
         "",
-        f"Worker defaults: mapped path {'available' if stages['mapped_available'] else 'NOT available'} here; "
-        f"read path with {stages['default_read_threads']} reader threads; 2 GiB read-ahead; blake3 on all cores. "
+        f"Worker defaults: read path, {stages['default_read_threads']} reader threads, 2 GiB read-ahead, blake3 "
+        f"on all cores; the mapped path (opt-in) is {'available' if stages['mapped_available'] else 'NOT available'} "
+        "here. "
         "Best and median of the repeats after the first (the first warms the pinned/GPU caches).",
         "",
         "| stage | GB/s best | GB/s median | median vs ceiling |",
@@ -206,10 +256,24 @@ def report_lines(stages: dict[str, Any], ceiling_gbps: float) -> list[str]:
     lines += [
         row("blake3 over memory, 16 MiB updates", h["chunked"]),
         row("blake3 over memory, one update", h["one_update"]),
-        row("default pipeline, model discards (host side only)", stages["pipeline_discard"]),
-        row("default pipeline: read + hash + device copy", stages["pipeline_default"], bold=True),
-        row("read path, model discards", stages["read_discard"]),
-        row("read path: read + hash + device copy", stages["read_default"]),
+        row("read path (default), model discards: host side only", stages["pipeline_discard"]),
+        row("read path (default): read + hash + device copy", stages["pipeline_default"], bold=True),
+    ]
+    if "mapped_default" in stages:
+        lines += [
+            row("mapped path, model discards: lock + hash + copy to GPU staging", stages["mapped_discard"]),
+            row("mapped path: lock + hash + copy to staging + device copy", stages["mapped_default"]),
+        ]
+    lw = stages.get("lock_while_copying") or {}
+    if "idle" in lw:
+        lines += [
+            "",
+            f"Locking one {lw['window_bytes'] >> 20} MiB window of the mapping (cudaHostRegister, read-only): "
+            f"{lw['idle']['lock_s'] * 1e3:.1f} ms with the GPU idle, {lw['behind_a_copy']['lock_s'] * 1e3:.1f} ms "
+            f"right after queueing a {lw['behind_a_copy']['copy_s'] * 1e3:.0f} ms host→device copy "
+            f"(unlock {lw['idle']['unlock_s'] * 1e3:.1f} / {lw['behind_a_copy']['unlock_s'] * 1e3:.1f} ms).",
+        ]
+    lines += [
         "",
         f"First load of the process (cold caches): default pipeline "
         f"{stages['bytes'] / stages['pipeline_default']['first_s'] / GB:.1f} GB/s.",

@@ -1,9 +1,10 @@
 """The mapped path of the loader: page-lock the checkpoint's page cache in place and copy from it.
 
-Used by ``loader.stream_into`` for a single-GPU engine when read-only host registration works (the H200
-host: ``cudaHostRegister`` of an mmap at 42 GB/s, copies from it at the link's 55 GB/s). Copying the
-files into pinned buffers first costs ~0.18 core-seconds per GB on top of blake3's ~0.34, which caps the
-read path near 30 GB/s on 16 cores; here the CPU only hashes. Stages, all running at once:
+Used by ``loader.stream_into`` when ``ROLLOUTFLEET_LOAD_MODE=mapped`` asks for it, for a single-GPU
+engine whose platform locks read-only mappings (the H200 host: ``cudaHostRegister`` of an mmap at
+42 GB/s, copies from it at the link's 55 GB/s). It spares the host copy and the pinned buffers of the
+read path; on the H200 it measured the same ~19-21 GB/s end to end (locking and copying do not overlap
+as the stages' own speeds suggest), so it is not the default. Stages, all running at once:
 
 - a scheduler thread page-locks the files' windows (``WINDOW_BYTES``) in order on a small pool, within the
   read-ahead budget of locked bytes;

@@ -263,3 +263,10 @@ def test_mapped_copies_never_span_two_registrations(ckpt: Path, monkeypatch: pyt
     outcome = loader.stream_into(Recorder(), ckpt, options=opts)
     assert outcome.digest == digest.digest_directory(ckpt)
     assert len(pieces) > outcome.tensors  # one-page windows split the larger tensors
+
+
+def test_auto_reads_even_when_a_pinner_is_offered(ckpt: Path) -> None:
+    """``auto`` is the read path (measured faster or equal); the mapped path runs only when asked for."""
+    pinner = RecordingPinner()
+    outcome = loader.stream_into(Recorder(), ckpt, options=loader.LoadOptions(mode="auto", pinner=pinner))
+    assert outcome.path == "read" and pinner.calls == 0
