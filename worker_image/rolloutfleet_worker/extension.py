@@ -140,9 +140,8 @@ def _positive_env(name: str) -> int | None:
 def load_options(pin: bool, world_size: int = 1) -> Any:
     """The loader's options from ROLLOUTFLEET_LOAD_* / ROLLOUTFLEET_HASH_THREADS (worker_image/README.md).
 
-    The read path unless ``ROLLOUTFLEET_LOAD_MODE=mapped`` asks for the mapped one (page-locked page cache,
-    GPU staging), which runs only for a single-rank engine on a GPU whose platform locks read-only
-    mappings; otherwise the read path.
+    The mapped path (page-locked page cache, GPU staging) for a single-rank engine on a GPU whose platform
+    locks read-only mappings, unless ``ROLLOUTFLEET_LOAD_MODE=read``; otherwise the read path.
     """
     from rolloutfleet_worker import loader, loader_mapped
 
@@ -150,7 +149,7 @@ def load_options(pin: bool, world_size: int = 1) -> Any:
     mode = os.environ.get(MODE_ENV, "auto").strip() or "auto"
     if mode not in ("auto", "mapped", "read"):
         mode = "auto"
-    pinner = loader_mapped.cuda_pinner() if pin and world_size == 1 and mode == "mapped" else None
+    pinner = loader_mapped.cuda_pinner() if pin and world_size == 1 and mode != "read" else None
     return loader.LoadOptions(
         pin=pin,
         mode=mode,  # type: ignore[arg-type]

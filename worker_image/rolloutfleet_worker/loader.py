@@ -2,10 +2,11 @@
 
 Called by ``rolloutfleet_worker.extension`` inside a vLLM worker (and by the unit tests and
 ``bench/gpu_update.py``). Owns the entry point and the choice of pipeline; the pipelines themselves are
-``loader_read`` (copy the files into pinned buffers; the default) and ``loader_mapped`` (page-lock the
-page cache in place and copy from it to GPU staging; opt-in, ``ROLLOUTFLEET_LOAD_MODE=mapped``, for a
-single-GPU engine on a platform that allows it — as fast as the read path on the H200, without pinned
-host buffers; bench/results/gpu_update.md).
+``loader_mapped`` (page-lock the page cache in place and copy from it to GPU staging: a single-GPU engine
+on a platform that allows it) and ``loader_read`` (copy the files into pinned buffers: tensor/pipeline
+parallel engines, platforms that refuse, or ``ROLLOUTFLEET_LOAD_MODE=read``). On the H200 both reach
+~20 GB/s once warm, but the read path's first two loads after start-up pay for fresh pinned allocations
+(2.7 and 6.8 GB/s, slower than stock vLLM), the mapped path none (bench/results/gpu_update.md).
 Either way tensors reach vLLM's own per-model ``load_weights`` (q/k/v stacking, tensor-parallel shards,
 copies into the existing parameters, so CUDA graphs keep their pointers), reading and hashing run ahead
 of the model's copies, and the digest (``rolloutfleet_worker.digest``) covers every tensor of the
@@ -65,7 +66,7 @@ class LoadOutcome:
 
 
 def _pipeline(infos: list[digest.TensorInfo], skip: Callable[[str], bool], options: LoadOptions) -> Pipeline:
-    if options.mode == "mapped" and options.pinner is not None:
+    if options.mode != "read" and options.pinner is not None:
         from rolloutfleet_worker import loader_mapped
 
         copies = loader_mapped.CudaCopies() if options.pin else loader_mapped.HostCopies()

@@ -46,9 +46,9 @@ class HostPinner(Protocol):
 class LoadOptions:
     """How one load reads; the extension fills it from ROLLOUTFLEET_LOAD_* / ROLLOUTFLEET_HASH_THREADS.
 
-    ``mode``: ``read`` copies the files into (pinned) buffers first; ``mapped`` page-locks the checkpoint's
-    page cache in place and copies from it (no host copy; needs a pinner, else it reads); ``auto`` is
-    ``read``, the faster or equal of the two everywhere measured so far (bench/results/gpu_update.md).
+    ``mode``: ``mapped`` page-locks the checkpoint's page cache in place and copies from it (no host copy,
+    no pinned buffers; needs a pinner, else it reads); ``read`` copies the files into (pinned) buffers
+    first; ``auto`` is ``mapped`` when a pinner is given, else ``read``.
     """
 
     pin: bool = False  # the model is on a GPU: pinned buffers / page-locked windows pay off

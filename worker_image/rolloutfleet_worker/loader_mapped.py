@@ -1,10 +1,11 @@
 """The mapped path of the loader: page-lock the checkpoint's page cache in place and copy from it.
 
-Used by ``loader.stream_into`` when ``ROLLOUTFLEET_LOAD_MODE=mapped`` asks for it, for a single-GPU
-engine whose platform locks read-only mappings (the H200 host: ``cudaHostRegister`` of an mmap at
-42 GB/s, copies from it at the link's 55 GB/s). It spares the host copy and the pinned buffers of the
-read path; on the H200 it measured the same ~19-21 GB/s end to end (locking and copying do not overlap
-as the stages' own speeds suggest), so it is not the default. Stages, all running at once:
+Used by ``loader.stream_into`` for a single-GPU engine whose platform locks read-only mappings (the H200
+host: ``cudaHostRegister`` of an mmap at 42 GB/s, copies from it at the link's 55 GB/s). It spares the
+host copy and the pinned buffers of the read path, so it is as fast on an engine's first load as on
+later ones (the read path's first loads pay for fresh pinned allocations). End to end it measured
+~16-20 GB/s on the H200, not the stages' own speeds: ``cudaHostUnregister`` waits for the copies in
+flight, which stalls the lock pool (bench/results/gpu_update.md). Stages, all running at once:
 
 - a scheduler thread page-locks the files' windows (``WINDOW_BYTES``) in order on a small pool, within the
   read-ahead budget of locked bytes;

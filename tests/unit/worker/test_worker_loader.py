@@ -117,7 +117,7 @@ def test_every_tensor_arrives_intact_and_the_digest_matches_the_files(ckpt: Path
     assert outcome.digest == digest.digest_directory(ckpt)
     assert outcome.tensors == len(want) and outcome.bytes == sum(t.nbytes for t in digest.scan_directory(ckpt))
     assert pipeline_threads() == []
-    assert outcome.path == options.mode if options.mode != "auto" else outcome.path == "read"
+    assert outcome.path == ("mapped" if options.pinner is not None else "read")
     if isinstance(options.pinner, RecordingPinner):
         assert options.pinner.live == {}, "a window was left locked"
         assert options.pinner.locked_total > 0
@@ -265,8 +265,10 @@ def test_mapped_copies_never_span_two_registrations(ckpt: Path, monkeypatch: pyt
     assert len(pieces) > outcome.tensors  # one-page windows split the larger tensors
 
 
-def test_auto_reads_even_when_a_pinner_is_offered(ckpt: Path) -> None:
-    """``auto`` is the read path (measured faster or equal); the mapped path runs only when asked for."""
+def test_auto_maps_when_a_pinner_works_and_read_mode_never_does(ckpt: Path) -> None:
     pinner = RecordingPinner()
     outcome = loader.stream_into(Recorder(), ckpt, options=loader.LoadOptions(mode="auto", pinner=pinner))
+    assert outcome.path == "mapped" and pinner.calls > 0
+    pinner = RecordingPinner()
+    outcome = loader.stream_into(Recorder(), ckpt, options=loader.LoadOptions(mode="read", pinner=pinner))
     assert outcome.path == "read" and pinner.calls == 0
