@@ -142,6 +142,26 @@ def _lock_while_copying(path: str) -> dict[str, Any]:
     return out
 
 
+def _gpu_hash_only(nbytes: int, repeats: int) -> dict[str, Any]:
+    """blake3_device over bytes already on the GPU (after its self-test against the blake3 package)."""
+    import torch
+
+    from rolloutfleet_worker import blake3_device
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    if not blake3_device.self_test(device):
+        return {"error": "self-test failed: the device kernels disagree with the blake3 package"}
+    size = min(nbytes, 470 << 20) // 1024 * 1024
+    data = torch.randint(0, 256, (size,), dtype=torch.uint8, device=device)
+    seconds = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        blake3_device.digest_of(blake3_device.hash_on_device(data))
+        seconds.append(time.perf_counter() - t0)
+    return {"bytes": size, **_best_and_median(seconds, size)}
+
+
 class _StandIn:
     """Parameters of the checkpoint's shapes on the GPU; ``load_weights`` copies into them in place."""
 
@@ -221,6 +241,15 @@ def measure(path: str, expected_digest: str, repeats: int = 4) -> dict[str, Any]
                 opts = dataclasses.replace(mapped, register_threads=lock_threads, readahead_bytes=readahead)
                 r = _pipeline(path, stand_in, lambda o=opts: o, expected_digest, 3)  # type: ignore[misc]
                 sweep.append({"path": "mapped", "lock_threads": lock_threads, "readahead_MiB": readahead // MiB, **r})
+        # The experimental knobs (issue 8's next step): unlock on a thread of its own, hash on the GPU.
+        for apart, on_gpu in ((True, False), (False, True), (True, True)):
+            opts = dataclasses.replace(mapped, unlock_apart=apart, gpu_hash=on_gpu)
+            r = _pipeline(path, stand_in, lambda o=opts: o, expected_digest, 3)  # type: ignore[misc]
+            sweep.append({"path": "mapped", "unlock_apart": apart, "gpu_hash": on_gpu, **r})
+        try:
+            out["gpu_hash_only"] = _gpu_hash_only(nbytes, repeats)
+        except Exception as exc:  # a report: say what failed
+            out["gpu_hash_only"] = {"error": f"{type(exc).__name__}: {exc}"}
     for read_threads, hash_threads in ((6, None), (6, 10), (8, 8), (12, None)):
         opts = dataclasses.replace(read, read_threads=read_threads, hash_threads=hash_threads)
         r = _pipeline(path, stand_in, lambda o=opts: o, expected_digest, 3)  # type: ignore[misc]
@@ -271,6 +300,10 @@ def report_lines(stages: dict[str, Any], ceiling_gbps: float) -> list[str]:
                 bold=default == "mapped",
             ),
         ]
+    gh = stages.get("gpu_hash_only") or {}
+    if gh:
+        label = f"blake3 on the GPU (blake3_device, {gh.get('bytes', 0) >> 20} MiB tensor)"
+        lines.append(row(label, gh) if "GBps_best" in gh else f"| {label} | {gh.get('error')} | | |")
     lw = stages.get("lock_while_copying") or {}
     if "idle" in lw:
         lines += [
@@ -297,7 +330,9 @@ def report_lines(stages: dict[str, Any], ceiling_gbps: float) -> list[str]:
         "|---|---|---|",
     ]
     for r in stages["sweep"]:
-        if r["path"] == "mapped":
+        if r["path"] == "mapped" and "gpu_hash" in r:
+            knobs = f"unlock apart {r['unlock_apart']}, hash on the GPU {r['gpu_hash']}"
+        elif r["path"] == "mapped":
             knobs = f"{r['lock_threads']} lock threads, {r['readahead_MiB']} MiB ahead"
         else:
             knobs = f"{r['read_threads']} readers, {r['hash_threads'] or 'all'} hash threads"

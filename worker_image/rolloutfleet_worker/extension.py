@@ -46,6 +46,8 @@ log = logging.getLogger("vllm.rolloutfleet")
 READ_THREADS_ENV = "ROLLOUTFLEET_LOAD_READ_THREADS"
 READAHEAD_ENV = "ROLLOUTFLEET_LOAD_READAHEAD_BYTES"
 MODE_ENV = "ROLLOUTFLEET_LOAD_MODE"
+GPU_HASH_ENV = "ROLLOUTFLEET_LOAD_GPU_HASH"
+UNLOCK_APART_ENV = "ROLLOUTFLEET_LOAD_UNLOCK_APART"
 
 
 class ErrorBody(TypedDict):
@@ -157,7 +159,13 @@ def load_options(pin: bool, world_size: int = 1) -> Any:
         hash_threads=_positive_env(THREADS_ENV),
         readahead_bytes=_positive_env(READAHEAD_ENV) or defaults.readahead_bytes,
         pinner=pinner,
+        gpu_hash=_flag_env(GPU_HASH_ENV),
+        unlock_apart=_flag_env(UNLOCK_APART_ENV),
     )
+
+
+def _flag_env(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def check_path(path: object) -> str | None:
@@ -276,7 +284,7 @@ def _load(worker: Any, target: object, path: object, revision: int | None, resto
     except Exception as exc:
         return _fail("load_failed", f"{type(exc).__name__}: {exc}")
     log.info(
-        "rolloutfleet: loaded %s revision %s from %s: %.2f GB in %.3f s (%.1f GB/s, %s path%s)",
+        "rolloutfleet: loaded %s revision %s from %s: %.2f GB in %.3f s (%.1f GB/s, %s path%s%s)",
         target,
         revision,
         path,
@@ -285,6 +293,7 @@ def _load(worker: Any, target: object, path: object, revision: int | None, resto
         outcome.bytes / 1e9 / max(outcome.seconds, 1e-9),
         outcome.path,
         f", {outcome.unpinned_bytes / 1e9:.2f} GB not page-locked" if outcome.unpinned_bytes else "",
+        f", {outcome.device_hashed_bytes / 1e9:.2f} GB hashed on the GPU" if outcome.device_hashed_bytes else "",
     )
     slot.revision, slot.digest, slot.path, slot.verified = revision, outcome.digest, path, True
     slot.fingerprint = models.fingerprint(model, exclude)

@@ -63,6 +63,7 @@ class LoadOutcome:
     seconds: float = 0.0
     path: str = "read"  # which pipeline ran: "mapped" or "read"
     unpinned_bytes: int = 0  # mapped path: bytes copied from pageable memory (a window was refused)
+    device_hashed_bytes: int = 0  # mapped path with gpu_hash: bytes hashed on the GPU
 
 
 def _pipeline(infos: list[digest.TensorInfo], skip: Callable[[str], bool], options: LoadOptions) -> Pipeline:
@@ -118,6 +119,7 @@ def stream_into(
         seconds=round(time.monotonic() - start, 6),
         path=type(pipeline).__name__.removesuffix("Pipeline").lower(),
         unpinned_bytes=getattr(pipeline, "unpinned_bytes", 0),
+        device_hashed_bytes=getattr(pipeline, "device_hashed_bytes", 0),
     )
 
 

@@ -60,6 +60,12 @@ class LoadOptions:
     window_bytes: int = WINDOW_BYTES
     register_threads: int = 2
     pinner: HostPinner | None = None
+    # Mapped path, experimental until measured on a GPU (bench/loader_stages.py sweeps both): hash tensors
+    # of at least ``gpu_hash_min_bytes`` on the GPU after their copy (blake3_device), and unlock windows on
+    # a thread of their own (cudaHostUnregister waits for in-flight copies and stalled the lock pool).
+    gpu_hash: bool = False
+    gpu_hash_min_bytes: int = 1 << 20
+    unlock_apart: bool = False
 
 
 class LoadWeightsError(Exception):

@@ -38,7 +38,8 @@ from typing import Any
 
 import torch
 
-from rolloutfleet_worker import digest
+from rolloutfleet_worker import blake3_device, digest
+from rolloutfleet_worker.blake3_device import CHUNK_LEN
 from rolloutfleet_worker.loader_base import (
     POLL,
     REGISTER_READ_ONLY,
@@ -81,6 +82,19 @@ def _clear_last_error() -> None:
 
 
 _probed: dict[str, CudaPinner | None] = {}
+_hash_checked: dict[int, bool] = {}
+
+
+def _device_hash_works(copies: CudaCopies | HostCopies) -> bool:
+    """BLAKE3 on this device agrees with the blake3 package (self-test once per device; False if no Triton)."""
+    if not isinstance(copies, CudaCopies):
+        return True  # the unit tests: the kernels run in Triton's CPU interpreter
+    if copies.device not in _hash_checked:
+        try:
+            _hash_checked[copies.device] = blake3_device.self_test(torch.device("cuda", copies.device))
+        except Exception:
+            _hash_checked[copies.device] = False
+    return _hash_checked[copies.device]
 
 
 def cuda_pinner() -> HostPinner | None:
@@ -121,6 +135,10 @@ class CudaCopies:
         self.device = torch.cuda.current_device()
         self.stream: Any = None
 
+    def on_stream(self) -> Any:
+        """Work queued inside runs on the copy stream, behind the copies."""
+        return torch.cuda.stream(self.stream)
+
     def bind(self) -> None:
         """Called first in the copier thread: a new thread would default to device 0."""
         torch.cuda.set_device(self.device)
@@ -156,6 +174,9 @@ class CudaCopies:
 
 class HostCopies:
     """The same interface for a model on the CPU (the unit tests): plain synchronous copies."""
+
+    def on_stream(self) -> Any:
+        return contextlib.nullcontext()
 
     def bind(self) -> None:
         pass
@@ -203,6 +224,10 @@ class _Tensor:
     info: digest.TensorInfo
     mapped: _Mapped
     windows: list[_Window]
+    fed: bool = False  # handed to load_weights (else only hashed)
+    staged: threading.Event = field(default_factory=threading.Event)  # the copier is done with it
+    ready: Any = None  # event after its copy (and device hash) on the copy stream
+    device_hash: Any = None  # blake3_device result (8 words on the GPU), when hashed there
 
 
 class MappedPipeline:
@@ -221,6 +246,8 @@ class MappedPipeline:
         self.builder = digest.DigestBuilder()
         self.skipped: list[str] = []
         self.unpinned_bytes = 0  # bytes copied from pageable memory (a window the driver refused)
+        self.device_hashed_bytes = 0  # bytes hashed on the GPU (blake3_device)
+        self.gpu_hash = options.gpu_hash and _device_hash_works(copies)
         self.host_fallback_bytes = 0  # bytes handed over in host memory (no GPU room for staging)
         self.latch = ErrorLatch()
         self.locked = Budget(options.readahead_bytes)  # limit raised in _map to fit the widest tensor
@@ -231,6 +258,9 @@ class MappedPipeline:
         self.all: list[_Tensor] = []
         self.to_feed: queue.Queue[tuple[_Tensor, torch.Tensor, Any, bool] | None] = queue.Queue()
         self.pool = ThreadPoolExecutor(max(1, options.register_threads), thread_name_prefix="rolloutfleet-lock")
+        self.unlock_pool = (
+            ThreadPoolExecutor(1, thread_name_prefix="rolloutfleet-unlock") if options.unlock_apart else self.pool
+        )
         self.jobs: list[Future[None]] = []
         self.threads = [
             threading.Thread(target=self._schedule, name="rolloutfleet-schedule", daemon=True),
@@ -283,6 +313,7 @@ class MappedPipeline:
             if self.skip(info.name):
                 self.skipped.append(info.name)
             else:
+                tensor.fed = True
                 torch_dtype(info.dtype, info.file)  # refuse an unsupported dtype before any copy
                 for w in tensor.windows:
                     w.pending += 1
@@ -299,6 +330,7 @@ class MappedPipeline:
             if thread.is_alive():
                 thread.join()
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.unlock_pool.shutdown(wait=True, cancel_futures=True)
         for w in self.windows:
             if w.pinned:
                 self.copies.wait(w.last_copy)
@@ -367,6 +399,7 @@ class MappedPipeline:
                         if self.latch.stop.is_set():
                             return
                 self.to_feed.put(self._stage(t))
+                t.staged.set()
         except StoppedError:
             return
         except BaseException as exc:
@@ -395,13 +428,25 @@ class MappedPipeline:
                 hi = min(end, w.address - t.mapped.address + w.length)
                 if lo < hi:
                     self.copies.copy(staging[lo - start : hi - start], source[lo - start : hi - start])
+            if self.gpu_hash and info.nbytes >= max(self.options.gpu_hash_min_bytes, 2 * CHUNK_LEN):
+                t.device_hash = self._hash_on_device(t, staging)
             event, on_device = self.copies.record(), True
+            t.ready = event
         for w in t.windows:
             w.last_copy = event if event is not None else w.last_copy
             w.pending -= 1
             if w.pending == 0:
-                self.jobs.append(self.pool.submit(self._unlock, w))
+                self.jobs.append(self.unlock_pool.submit(self._unlock, w))
         return t, staging, event, on_device
+
+    def _hash_on_device(self, t: _Tensor, staging: torch.Tensor) -> Any:
+        """Queue the tensor's BLAKE3 behind its copy; the model's stream will wait for both."""
+        full, rest = divmod(t.info.nbytes, CHUNK_LEN)
+        tail = bytes(memory(t.mapped.address + t.info.offset + full * CHUNK_LEN, rest)) if rest else None
+        with self.copies.on_stream():
+            result = blake3_device.hash_on_device(staging, tail)
+        self.device_hashed_bytes += t.info.nbytes
+        return result
 
     def _device_buffer(self, n: int) -> torch.Tensor | None:
         """A staging tensor; on OOM wait for the model to drain what is staged, then try once more."""
@@ -431,12 +476,28 @@ class MappedPipeline:
                             return
                 if self.latch.stop.is_set():
                     return
+                if self._device_hashed(t):
+                    self.copies.wait(t.ready)
+                    self.builder.add(t.info, blake3_device.digest_of(t.device_hash))
+                    t.device_hash = None
+                    continue
                 hasher = digest.TensorHasher(t.info, threads=self.options.hash_threads)
                 if t.info.nbytes:
                     hasher.update(memory(t.mapped.address + t.info.offset, t.info.nbytes))
                 self.builder.add(t.info, hasher.finish())
+        except StoppedError:
+            return
         except BaseException as exc:
             self.latch.fail(exc)
+
+    def _device_hashed(self, t: _Tensor) -> bool:
+        """Whether the copier hashed ``t`` on the GPU (waits for the copier to get that far when it may)."""
+        if not self.gpu_hash or not t.fed:
+            return False
+        while not t.staged.wait(POLL):
+            if self.latch.stop.is_set():
+                raise StoppedError
+        return t.device_hash is not None
 
     # -- calling thread ------------------------------------------------------------------------------
 

@@ -97,6 +97,7 @@ def mapped(pinner: RecordingPinner | None = None, **kw: Any) -> loader.LoadOptio
         mapped(),
         mapped(window_bytes=mmap.PAGESIZE, readahead_bytes=1, register_threads=1),
         mapped(RecordingPinner(refuse_every=2), window_bytes=mmap.PAGESIZE, readahead_bytes=3 * mmap.PAGESIZE),
+        mapped(window_bytes=mmap.PAGESIZE, readahead_bytes=1, unlock_apart=True),
     ],
     ids=[
         "read-defaults",
@@ -105,6 +106,7 @@ def mapped(pinner: RecordingPinner | None = None, **kw: Any) -> loader.LoadOptio
         "mapped-defaults",
         "mapped-one-page-windows-nothing-ahead",
         "mapped-every-other-window-refused",
+        "mapped-unlocking-on-its-own-thread",
     ],
 )
 def test_every_tensor_arrives_intact_and_the_digest_matches_the_files(ckpt: Path, options: loader.LoadOptions) -> None:
@@ -235,8 +237,10 @@ def test_environment_configures_the_extension_loader(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv(extension.READAHEAD_ENV, "1048576")
     monkeypatch.setenv(extension.THREADS_ENV, "nonsense")
     monkeypatch.setenv(extension.MODE_ENV, "mapped")
+    monkeypatch.setenv(extension.GPU_HASH_ENV, "1")
     opts: Any = extension.load_options(pin=False)
     assert (opts.read_threads, opts.readahead_bytes, opts.hash_threads, opts.pin) == (3, 1048576, None, False)
+    assert opts.gpu_hash is True and opts.unlock_apart is False
     # No GPU: nothing to page-lock for, so the read path runs whatever the mode says.
     assert opts.mode == "mapped" and opts.pinner is None
 
