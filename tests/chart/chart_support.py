@@ -69,7 +69,7 @@ def operator_container(objs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "default": {},
     "namespaced": {"watch": {"namespaces": ["{ns}", "{other}"]}, "networkPolicy": {"enabled": True}},
-    "cluster-wide": {"watch": {"clusterWide": True}, "rbac": {"clusterDiscovery": False}},
+    "cluster-wide": {"watch": {"clusterWide": True}},
     "ha": {"replicaCount": 2},
 }
 

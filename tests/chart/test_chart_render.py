@@ -30,10 +30,6 @@ EXPECTED_RULES = {
     ("", "secrets"): {"get", "create"},
     ("", "events"): {"create"},
 }
-KOPF_DISCOVERY = {
-    ("", "namespaces"): {"list", "watch"},
-    ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
-}
 
 
 def rendered(value_set: str) -> list[dict[str, Any]]:
@@ -114,8 +110,8 @@ def test_default_is_one_standalone_replica_serving_the_release_namespace() -> No
     assert role["metadata"]["namespace"] == NS
     assert flat_rules(role) == EXPECTED_RULES
     assert one(objs, "RoleBinding")["roleRef"]["name"] == role["metadata"]["name"]
-    discovery = one(objs, "ClusterRole")
-    assert flat_rules(discovery) == KOPF_DISCOVERY
+    # Namespaced, kopf takes the namespaces as given (scanning off): nothing at cluster scope at all.
+    assert not kinds(objs, "ClusterRole") and not kinds(objs, "ClusterRoleBinding")
     assert not kinds(objs, "KopfPeering") and not kinds(objs, "ServiceMonitor") and not kinds(objs, "NetworkPolicy")
 
 

@@ -34,10 +34,10 @@ def run(args: argparse.Namespace) -> int:
     """Run the operator until it is signalled to stop."""
     import kopf
 
-    from rolloutfleet.handlers import wiring
+    from rolloutfleet.handlers import wiring  # imported for its decorators, too
 
-    del wiring  # imported for its decorators
-    os.environ["ROLLOUTFLEET_METRICS_PORT"] = str(args.metrics_port)
+    os.environ[wiring.METRICS_PORT_ENV] = str(args.metrics_port)
+    os.environ[wiring.CLUSTER_WIDE_ENV] = "1" if args.all_namespaces else "0"
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

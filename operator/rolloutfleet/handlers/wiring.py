@@ -26,6 +26,8 @@ GROUP, VERSION = common.GROUP, common.VERSION
 FLEETS = "rolloutfleets"
 RESYNC_SECONDS = float(os.environ.get("ROLLOUTFLEET_RESYNC_SECONDS", "10"))
 METRICS_PORT_ENV = "ROLLOUTFLEET_METRICS_PORT"
+# Set by ``rolloutfleet run``: "1" when it watches every namespace.
+CLUSTER_WIDE_ENV = "ROLLOUTFLEET_WATCH_CLUSTER_WIDE"
 
 
 @kopf.on.startup()
@@ -44,6 +46,10 @@ async def configure(
     settings.watching.connect_timeout = 30
     settings.batching.worker_limit = 64
     settings.networking.request_timeout = 60
+    # Serving named namespaces, kopf needs no cluster scope: it takes the names as given and finds our
+    # resources once through API discovery (the chart installs the CRDs before the operator starts), so a
+    # namespaced install runs on Roles alone. Cluster-wide it keeps following CRDs as they change.
+    settings.scanning.disabled = os.environ.get(CLUSTER_WIDE_ENV) != "1"
     metrics = Metrics()
     port = int(os.environ.get(METRICS_PORT_ENV, "0") or 0)
     if port:
