@@ -7,10 +7,12 @@ publish``/``wait`` commands and by ``examples/trainer_loop.py``. It talks to the
 official kubernetes client (synchronous; ``async_publish_revision`` runs it on a worker thread) and imports
 neither kopf nor the operator's handlers, so a trainer process can import it cheaply.
 
-It owns the order that keeps a failed publish from leaving anything behind: every check — the fleet, the
-permissions to read, the checkpoint files and their digests, the semantic validation shared with the
-operator, idempotency against what is already published — runs before the single create call, and
-nothing is ever deleted afterwards (a revision the operator may already act on is the operator's).
+API access is ``rolloutfleet.publish_kube``, waiting ``rolloutfleet.publish_wait``, progress lines
+``rolloutfleet.publish_progress``. This module owns the public functions and the order that keeps a failed
+publish from leaving anything behind: every check — the fleet, the permissions to read, the checkpoint
+files and their digests, the semantic validation shared with the operator, idempotency against what is
+already published — runs before the single create call, and nothing is ever deleted afterwards (a
+revision the operator may already act on is the operator's).
 """
 
 from __future__ import annotations
@@ -19,29 +21,39 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import datetime
-import json
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TextIO, cast
+from typing import Any, cast
 
-import urllib3
-from kubernetes import client, config, watch
+from kubernetes import client
 
 from rolloutfleet import digest as digest_mod
 from rolloutfleet.api import common, validation
-from rolloutfleet.api import fleet as fleet_api
 from rolloutfleet.api import revision as revision_api
-from rolloutfleet.api.revision import Phase, WeightRevisionSpec
+from rolloutfleet.api.revision import WeightRevisionSpec
+from rolloutfleet.publish_kube import (
+    API_ERRORS,
+    GROUP,
+    REVISIONS,
+    VERSION,
+    custom_objects_api,
+    list_revisions,
+    make_api_client,
+    read_fleet,
+    read_revision,
+    server_message,
+    translate,
+)
+from rolloutfleet.publish_progress import DigestProgress, ProgressFn, PublishProgress, TtyProgress, reporter
+from rolloutfleet.publish_wait import FAILED_PHASES, phase, poll_fleet_revision, ready, watch_revision
 from rolloutfleet.trainer_errors import (
     CheckpointMissing,
     FleetNotFound,
     InvalidRevision,
     KubeApiError,
     PermissionDenied,
-    PodFailure,
     PublishCancelled,
     PublishError,
     PublishTimeout,
@@ -82,27 +94,9 @@ __all__ = [
     "wait_for_revision",
 ]
 
-GROUP, VERSION = common.GROUP, common.VERSION
-FLEETS, REVISIONS = fleet_api.PLURAL, revision_api.PLURAL
 FLEET_LABEL = "rolloutfleet.io/fleet"
 PUBLISHED_BY = "rolloutfleet.io/published-by"
-FAILED_PHASES = frozenset({Phase.FAILED.value, Phase.ROLLED_BACK.value, Phase.SUPERSEDED.value})
 _DEAD_PHASES = FAILED_PHASES  # published revisions that no longer compete for the fleet
-_WATCH_WINDOW = 60.0  # seconds per watch request; a cancellable wait uses a shorter one
-_CANCELLABLE_WINDOW = 5.0
-
-
-@dataclasses.dataclass(frozen=True)
-class PublishProgress:
-    """One progress report: ``stage`` is ``digest`` (bytes), ``created``/``exists`` or ``rollout`` (pods)."""
-
-    stage: str
-    done: int
-    total: int
-    message: str
-
-
-ProgressFn = Callable[[PublishProgress], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,109 +120,7 @@ def revision_name(fleet: str, revision: int) -> str:
     return f"{fleet}-r{revision}"
 
 
-def make_api_client(kubeconfig: str | os.PathLike[str] | None = None, context: str | None = None) -> client.ApiClient:
-    """A client for ``kubeconfig`` (default: ``$KUBECONFIG`` or ``~/.kube/config``), or in-cluster config.
-
-    Inside a pod without ``KUBECONFIG`` (a trainer Job), the pod's ServiceAccount is used.
-    """
-    if kubeconfig is None and "KUBECONFIG" not in os.environ and "KUBERNETES_SERVICE_HOST" in os.environ:
-        cfg = client.Configuration()
-        config.load_incluster_config(client_configuration=cfg)
-        return client.ApiClient(cfg)
-    try:
-        api: client.ApiClient = config.new_client_from_config(
-            config_file=None if kubeconfig is None else os.fspath(kubeconfig), context=context, persist_config=False
-        )
-    except (config.ConfigException, OSError) as exc:
-        raise KubeApiError("loading the kubeconfig", str(exc)) from exc
-    return api
-
-
-# --------------------------------------------------------------------------------------------- API access
-
-
-def custom_objects_api(api_client: client.ApiClient) -> Any:
-    """The CustomObjectsApi used for every call (a seam for unit tests)."""
-    return client.CustomObjectsApi(api_client)
-
-
-def _server_message(exc: client.ApiException) -> str:
-    body = getattr(exc, "body", None)
-    if body:
-        try:
-            parsed = json.loads(body)
-        except (TypeError, ValueError):
-            return str(body)
-        if isinstance(parsed, dict) and parsed.get("message"):
-            return str(parsed["message"])
-    return str(getattr(exc, "reason", "") or exc)
-
-
-def _translate(exc: Exception, verb: str, resource: str, namespace: str) -> PublishError:
-    if isinstance(exc, client.ApiException):
-        status = int(exc.status or 0)
-        detail = _server_message(exc)
-        if status in (401, 403):
-            return PermissionDenied(verb, resource, namespace, detail, status=status)
-        return KubeApiError(f"{verb} {resource} in {namespace}", detail, status or None)
-    return KubeApiError(f"{verb} {resource} in {namespace}", f"{type(exc).__name__}: {exc}")
-
-
-_API_ERRORS = (client.ApiException, urllib3.exceptions.HTTPError, OSError)
-
-
-def read_fleet(custom: Any, namespace: str, fleet: str) -> dict[str, Any]:
-    try:
-        return cast(dict[str, Any], custom.get_namespaced_custom_object(GROUP, VERSION, namespace, FLEETS, fleet))
-    except client.ApiException as exc:
-        if exc.status == 404:
-            crd_missing = "could not find the requested resource" in _server_message(exc)
-            raise FleetNotFound(fleet, namespace, crd_missing=crd_missing) from None
-        raise _translate(exc, "get", FLEETS, namespace) from None
-    except _API_ERRORS as exc:
-        raise _translate(exc, "get", FLEETS, namespace) from None
-
-
-def read_revision(custom: Any, namespace: str, name: str) -> dict[str, Any] | None:
-    try:
-        return cast(dict[str, Any], custom.get_namespaced_custom_object(GROUP, VERSION, namespace, REVISIONS, name))
-    except client.ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise _translate(exc, "get", REVISIONS, namespace) from None
-    except _API_ERRORS as exc:
-        raise _translate(exc, "get", REVISIONS, namespace) from None
-
-
-def list_revisions(custom: Any, namespace: str) -> list[dict[str, Any]]:
-    try:
-        out = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, REVISIONS)
-    except _API_ERRORS as exc:
-        raise _translate(exc, "list", REVISIONS, namespace) from None
-    return list(cast(dict[str, Any], out).get("items") or [])
-
-
 # ------------------------------------------------------------------------------------------------ digests
-
-
-class _DigestProgress:
-    """Sums the byte progress of the verifier and draft digests running in parallel."""
-
-    def __init__(self, report: ProgressFn | None) -> None:
-        self.report, self.lock = report, threading.Lock()
-        self.parts: dict[str, tuple[int, int]] = {}
-
-    def part(self, target: str) -> Callable[[int, int], None]:
-        def update(done: int, total: int) -> None:
-            if self.report is None:
-                return
-            with self.lock:
-                self.parts[target] = (done, total)
-                done_all = sum(d for d, _ in self.parts.values())
-                total_all = sum(t for _, t in self.parts.values())
-            self.report(PublishProgress("digest", done_all, total_all, f"digest {', '.join(sorted(self.parts))}"))
-
-        return update
 
 
 def _digest_one(target: str, path: str, progress: Callable[[int, int], None]) -> str:
@@ -242,7 +134,7 @@ def compute_digests(
     verifier_path: str, draft_path: str | None, progress: ProgressFn | None = None
 ) -> tuple[str, str | None]:
     """Digests of the verifier and (in parallel) the draft checkpoint; CheckpointMissing names a bad file."""
-    tracker = _DigestProgress(progress)
+    tracker = DigestProgress(progress)
     if draft_path is None:
         return _digest_one("verifier", verifier_path, tracker.part("verifier")), None
     with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="digest") as pool:
@@ -258,10 +150,6 @@ def compute_digests(
 def _revision_number(obj: dict[str, Any]) -> int | None:
     value = (obj.get("spec") or {}).get("revision")
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _phase(obj: dict[str, Any]) -> str:
-    return str((obj.get("status") or {}).get("phase") or Phase.PENDING.value)
 
 
 def _difference(existing: dict[str, Any], wanted: WeightRevisionSpec) -> str | None:
@@ -317,14 +205,14 @@ def _check_against_fleet(spec: WeightRevisionSpec, fleet_obj: dict[str, Any], re
     newer = [
         r
         for r in revisions
-        if (n := _revision_number(r)) is not None and n > spec.revision and _phase(r) not in _DEAD_PHASES
+        if (n := _revision_number(r)) is not None and n > spec.revision and phase(r) not in _DEAD_PHASES
     ]
     if newer:
         top = max(newer, key=lambda r: _revision_number(r) or 0)
         raise RevisionNotNewer(
             [
                 f"spec.revision: must be newer than revision {_revision_number(top)} already published "
-                f"({top['metadata']['name']}, {_phase(top)})"
+                f"({top['metadata']['name']}, {phase(top)})"
             ],
             fleet=spec.fleet_ref.name,
             revision=spec.revision,
@@ -349,76 +237,6 @@ def _abspath(path: str | os.PathLike[str]) -> str:
 # ------------------------------------------------------------------------------------------------ waiting
 
 
-def _ready(obj: dict[str, Any]) -> bool:
-    for cond in (obj.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
-            return bool(cond.get("status") == "True")
-    return False
-
-
-def _pod_messages(message: str | None, names: list[str]) -> dict[str, str]:
-    """Per-pod parts of a status message such as ``"...: pol-0: LoadVerifier: ...; pol-1: ..."``.
-
-    After a rollback the operator's status.pods[] describe the rollback's own progress (messages cleared)
-    and the per-pod failure survives only in status.message; this recovers it for RevisionFailed.pods.
-    """
-    if not message or not names:
-        return {}
-    starts: list[tuple[int, str]] = []
-    for name in names:
-        token = f"{name}: "
-        at = message.find(token)
-        while at >= 0:
-            if at == 0 or message[max(0, at - 2) : at] in (": ", "; "):
-                starts.append((at, name))
-                break
-            at = message.find(token, at + 1)
-    starts.sort()
-    out: dict[str, str] = {}
-    for i, (at, name) in enumerate(starts):
-        end = starts[i + 1][0] if i + 1 < len(starts) else len(message)
-        out[name] = message[at + len(name) + 2 : end].rstrip().rstrip(";").strip()
-    return out
-
-
-def _failure(obj: dict[str, Any]) -> RevisionFailed:
-    status = obj.get("status") or {}
-    meta = obj.get("metadata") or {}
-    raw_pods = [p for p in status.get("pods") or [] if isinstance(p, dict)]
-    recovered = _pod_messages(status.get("message"), [str(p.get("name")) for p in raw_pods])
-    pods = [
-        PodFailure(
-            name=str(p.get("name")),
-            step=str(p.get("step") or "Pending"),
-            attempts=int(p.get("attempts") or 0),
-            message=p.get("message") or recovered.get(str(p.get("name"))),
-        )
-        for p in raw_pods
-    ]
-    pods.sort(key=lambda p: (p.message is None, p.name))
-    return RevisionFailed(
-        str(meta.get("name")),
-        str(meta.get("namespace")),
-        _phase(obj),
-        status.get("reason"),
-        status.get("message"),
-        pods,
-    )
-
-
-def _rollout_progress(obj: dict[str, Any]) -> PublishProgress:
-    status = obj.get("status") or {}
-    name = (obj.get("metadata") or {}).get("name")
-    done, total = int(status.get("podsUpdated") or 0), int(status.get("podsTotal") or 0)
-    steps: dict[str, int] = {}
-    for p in status.get("pods") or []:
-        steps[str(p.get("step") or "Pending")] = steps.get(str(p.get("step") or "Pending"), 0) + 1
-    busy = ", ".join(f"{k} {v}" for k, v in sorted(steps.items()) if k not in ("Done", "Pending"))
-    return PublishProgress(
-        "rollout", done, total, f"{name}: {_phase(obj)} {done}/{total}" + (f" ({busy})" if busy else "")
-    )
-
-
 def wait_for_revision(
     name: str,
     namespace: str = "default",
@@ -434,85 +252,15 @@ def wait_for_revision(
     RolledBack and Superseded end the wait with the reason and the per-pod detail.
     """
     api = api_client or make_api_client()
-    report = _reporter(progress)
+    report = reporter(progress)
     try:
-        return _wait(custom_objects_api(api), namespace, name, time.monotonic() + timeout, timeout, report, cancel)
+        deadline = time.monotonic() + timeout
+        return watch_revision(custom_objects_api(api), namespace, name, deadline, timeout, report, cancel)
     finally:
-        if isinstance(report, _TtyProgress):
+        if isinstance(report, TtyProgress):
             report.close()
         if api_client is None:
             api.close()
-
-
-def _wait(
-    custom: Any,
-    namespace: str,
-    name: str,
-    deadline: float,
-    timeout: float,
-    report: ProgressFn | None,
-    cancel: threading.Event | None,
-) -> dict[str, Any]:
-    window = _CANCELLABLE_WINDOW if cancel is not None else _WATCH_WINDOW
-    last: dict[str, Any] | None = None
-    last_msg = ""
-
-    def settle(obj: dict[str, Any]) -> bool:
-        nonlocal last, last_msg
-        last = obj
-        if report is not None:
-            prog = _rollout_progress(obj)
-            if prog.message != last_msg:
-                last_msg = prog.message
-                report(prog)
-        if _ready(obj):
-            return True
-        if _phase(obj) in FAILED_PHASES:
-            raise _failure(obj)
-        return False
-
-    watcher = watch.Watch()
-    first = True
-    while True:
-        obj = read_revision(custom, namespace, name)
-        if obj is None:
-            raise RevisionNotFound(name, namespace) if first else RevisionDeleted(name, namespace)
-        first = False
-        if settle(obj):
-            return obj
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            status = obj.get("status") or {}
-            raise PublishTimeout(name, namespace, timeout, status.get("phase"), status.get("updated"))
-        if cancel is not None and cancel.is_set():
-            raise PublishCancelled(f"stopped waiting for WeightRevision {namespace}/{name} (cancelled)")
-        seconds = max(1, int(min(remaining, window)))
-        try:
-            for event in watcher.stream(
-                custom.list_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                namespace,
-                REVISIONS,
-                field_selector=f"metadata.name={name}",
-                resource_version=(obj.get("metadata") or {}).get("resourceVersion"),
-                timeout_seconds=seconds,
-                _request_timeout=seconds + 15,
-            ):
-                if event.get("type") == "DELETED":
-                    raise RevisionDeleted(name, namespace)
-                raw = event.get("raw_object") or event.get("object")
-                if isinstance(raw, dict) and settle(raw):
-                    watcher.stop()
-                    return raw
-                if time.monotonic() >= deadline or (cancel is not None and cancel.is_set()):
-                    watcher.stop()
-                    break
-        except client.ApiException as exc:
-            if exc.status != 410:  # 410 Gone: our resourceVersion expired; re-read and watch again
-                raise _translate(exc, "watch", REVISIONS, namespace) from None
-        except (urllib3.exceptions.HTTPError, OSError):
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))  # a dropped watch: re-read and resume
 
 
 def wait_for_fleet_revision(
@@ -530,69 +278,11 @@ def wait_for_fleet_revision(
     newer one (a revision superseded by a newer one still counts as "at least").
     """
     api = api_client or make_api_client()
-    custom = custom_objects_api(api)
-    deadline = time.monotonic() + timeout
     try:
-        while True:
-            current = (read_fleet(custom, namespace, fleet).get("status") or {}).get("currentRevision")
-            if isinstance(current, int) and current >= min_revision:
-                return current
-            if time.monotonic() >= deadline:
-                raise PublishTimeout(f"{fleet} (revision >= {min_revision})", namespace, timeout, None, None)
-            time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+        return poll_fleet_revision(custom_objects_api(api), fleet, min_revision, namespace, timeout, interval)
     finally:
         if api_client is None:
             api.close()
-
-
-# ----------------------------------------------------------------------------------------------- progress
-
-
-def _size(n: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} B"
-
-
-class _TtyProgress:
-    """Rewrites one stderr line: digest bytes, then the rollout's pods; a newline when the text kind changes."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream, self.last, self.stage, self.start = stream, 0.0, "", time.monotonic()
-
-    def __call__(self, p: PublishProgress) -> None:
-        now = time.monotonic()
-        if p.stage == "digest":
-            if now - self.last < 0.1 and p.done < p.total:
-                return
-            rate = p.done / max(now - self.start, 1e-9)
-            pct = 100.0 * p.done / p.total if p.total else 100.0
-            text = f"{p.message}: {_size(p.done)}/{_size(p.total)} ({pct:.0f}%) {_size(rate)}/s"
-        else:
-            text = p.message
-        if self.stage and self.stage != p.stage:
-            self.stream.write("\n")
-        self.stage, self.last = p.stage, now
-        self.stream.write(f"\r\x1b[2K{text}")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.stage:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.stage = ""
-
-
-def _reporter(progress: ProgressFn | bool | None) -> ProgressFn | None:
-    """None: a progress line on a terminal's stderr, nothing otherwise; False: nothing; a callable: it."""
-    if progress is None:
-        return _TtyProgress(sys.stderr) if sys.stderr.isatty() else None
-    if progress is True:
-        return _TtyProgress(sys.stderr)
-    if progress is False:
-        return None
-    return progress
 
 
 # ---------------------------------------------------------------------------------------------- publishing
@@ -642,12 +332,12 @@ def publish_revision(
     dpath = None if draft_path is None else _abspath(draft_path)
     spec = _build_spec(fleet, revision, vpath, dpath)
     api = api_client or make_api_client()
-    report = _reporter(progress)
+    report = reporter(progress)
     try:
         custom = custom_objects_api(api)
         return _publish(custom, spec, name, namespace, digest, wait, timeout, report, cancel)
     finally:
-        if isinstance(report, _TtyProgress):
+        if isinstance(report, TtyProgress):
             report.close()
         if api_client is None:
             api.close()
@@ -680,7 +370,7 @@ def _publish(
     if existing is not None:
         obj = _reuse(existing, spec, namespace)
         if report is not None:
-            report(PublishProgress("exists", 0, 0, f"{obj['metadata']['name']}: already published ({_phase(obj)})"))
+            report(PublishProgress("exists", 0, 0, f"{obj['metadata']['name']}: already published ({phase(obj)})"))
     else:
         if cancel is not None and cancel.is_set():
             raise PublishCancelled(f"publish of revision {spec.revision} cancelled before anything was created")
@@ -690,7 +380,7 @@ def _publish(
     name = str(obj["metadata"]["name"])
     if wait:
         remaining = timeout - (time.monotonic() - start)
-        obj = _wait(custom, namespace, name, time.monotonic() + max(0.0, remaining), timeout, report, cancel)
+        obj = watch_revision(custom, namespace, name, time.monotonic() + max(0.0, remaining), timeout, report, cancel)
     return _result(obj, namespace, created)
 
 
@@ -722,11 +412,11 @@ def _create(custom: Any, spec: WeightRevisionSpec, name: str, namespace: str) ->
             if existing is not None:
                 return _reuse(existing, spec, namespace), False
         if exc.status == 422:  # the schema or a CEL rule refused it (nothing was stored)
-            raise InvalidRevision([_server_message(exc)], fleet=spec.fleet_ref.name, revision=spec.revision) from None
-        raise _translate(exc, "create", REVISIONS, namespace) from None
-    except _API_ERRORS as exc:
+            raise InvalidRevision([server_message(exc)], fleet=spec.fleet_ref.name, revision=spec.revision) from None
+        raise translate(exc, "create", REVISIONS, namespace) from None
+    except API_ERRORS as exc:
         # The request may or may not have reached the server: say so rather than guess.
-        raise _translate(exc, "create", REVISIONS, namespace) from None
+        raise translate(exc, "create", REVISIONS, namespace) from None
 
 
 def _result(obj: dict[str, Any], namespace: str, created: bool) -> PublishResult:
@@ -739,8 +429,8 @@ def _result(obj: dict[str, Any], namespace: str, created: bool) -> PublishResult
         created=created,
         verifier_digest=(spec.get("verifier") or {}).get("digest"),
         draft_digest=(spec.get("draft") or {}).get("digest"),
-        phase=_phase(obj),
-        ready=_ready(obj),
+        phase=phase(obj),
+        ready=ready(obj),
         object=obj,
     )
 

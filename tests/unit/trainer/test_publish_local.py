@@ -13,7 +13,7 @@ import pytest
 from safetensors.numpy import save_file
 from trainer_fakes import FakeCustomObjects, api_error, fleet, revision
 
-from rolloutfleet import publish
+from rolloutfleet import publish, publish_progress
 from rolloutfleet.digest import digest_directory
 from rolloutfleet.trainer_errors import (
     CheckpointMissing,
@@ -327,7 +327,7 @@ def test_tty_progress_line() -> None:
     import io
 
     stream = io.StringIO()
-    bar = publish._TtyProgress(stream)
+    bar = publish_progress.TtyProgress(stream)
     bar(publish.PublishProgress("digest", 50, 100, "digest draft, verifier"))
     bar(publish.PublishProgress("digest", 100, 100, "digest draft, verifier"))
     bar(publish.PublishProgress("created", 0, 0, "pol-r1: created"))
