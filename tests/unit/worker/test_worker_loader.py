@@ -276,3 +276,29 @@ def test_auto_maps_when_a_pinner_works_and_read_mode_never_does(ckpt: Path) -> N
     pinner = RecordingPinner()
     outcome = loader.stream_into(Recorder(), ckpt, options=loader.LoadOptions(mode="read", pinner=pinner))
     assert outcome.path == "read" and pinner.calls == 0
+
+
+def test_mapped_tensors_without_gpu_room_are_handed_over_as_host_copies(
+    ckpt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Staging that finds no GPU memory, even after the model drained what was staged, falls back to host."""
+    from rolloutfleet_worker import loader_mapped
+
+    big = max(t.nbytes for t in digest.scan_directory(ckpt))
+    refused: list[int] = []
+
+    class Full(loader_mapped.HostCopies):
+        def empty(self, n: int) -> torch.Tensor:
+            if n == big:
+                refused.append(n)
+                raise torch.cuda.OutOfMemoryError("no room for staging")
+            return super().empty(n)
+
+    monkeypatch.setattr(loader_mapped, "HostCopies", Full)
+    model = Recorder()
+    outcome = loader.stream_into(model, ckpt, options=mapped(readahead_bytes=1))
+    want = expected(ckpt)
+    assert all(torch.equal(model.seen[n], want[n]) for n in want)
+    assert outcome.digest == digest.digest_directory(ckpt) and outcome.path == "mapped"
+    big_tensors = sum(1 for t in digest.scan_directory(ckpt) if t.nbytes == big)
+    assert len(refused) == 2 * big_tensors  # each tried, then tried again once the model drained
