@@ -11,8 +11,9 @@
 # Call 2 must start within 30 s of call 1 (the machine stays warm that long); call 3 likewise after call 2
 # (it finds /tmp/site there and skips the unpacking; on a cold machine repeat calls 1 and 2 with "bench").
 # Parts: suite (tests/gpu, which also runs tests/contract against the real server), bench
-# (bench/gpu_update.py), all (both; may not fit one 10-minute call). Results go to $OUT (the device tool
-# brings them back; at most 8 files), else to bench/results/gpu-run.
+# (bench/gpu_update.py), loader (bench/loader_stages.py alone: the loader's stages and its experimental
+# switches, no vLLM, ~1 min), all (suite + bench; may not fit one 10-minute call). Results go to $OUT (the
+# device tool brings them back; at most 8 files), else to bench/results/gpu-run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
@@ -77,6 +78,13 @@ bench() {
   cat "$out/gpu_update.md" 2>/dev/null || true
 }
 
+loader() {
+  mkdir -p "$out"
+  timeout "${LOADER_TIMEOUT:-300}" python3 bench/loader_stages.py --out "$out" > "$out/loader.log" 2>&1 \
+    || echo "loader rc=$?" | tee -a "$out/loader.log"
+  tail -45 "$out/loader.log"
+}
+
 case "${1:-}" in
   prepare) prepare ;;
   stage1) stage1 ;;
@@ -86,6 +94,7 @@ case "${1:-}" in
     case "${2:-suite}" in
       suite) suite ;;
       bench) bench ;;
+      loader) loader ;;
       all) suite; bench ;;
       *) echo "unknown part: $2" >&2; exit 2 ;;
     esac
