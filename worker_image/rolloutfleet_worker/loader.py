@@ -15,6 +15,7 @@ checkpoint, fed or skipped.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -93,8 +94,16 @@ def stream_into(
     # Every header is parsed and bounds-checked before the first byte reaches the model, so a truncated
     # or corrupt shard is refused while the parameters are still intact.
     infos = digest.scan_directory(path)
-    pipeline = _pipeline(infos, skip, options or LoadOptions())
-    pipeline.start()
+    options = options or LoadOptions()
+    pipeline = _pipeline(infos, skip, options)
+    try:
+        pipeline.start()
+    except Exception as exc:
+        if type(exc).__name__ != "MappingUnsupportedError":
+            raise
+        # Storage that cannot be mapped (some FUSE mounts) can still be read: nothing was fed yet.
+        pipeline = _pipeline(infos, skip, dataclasses.replace(options, mode="read"))
+        pipeline.start()
     try:
         fed = _Counter(pipeline.tensors())
         try:

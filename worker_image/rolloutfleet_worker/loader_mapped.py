@@ -53,6 +53,10 @@ from rolloutfleet_worker.loader_base import (
 )
 
 
+class MappingUnsupportedError(Exception):
+    """A checkpoint file opens but cannot be memory-mapped; ``loader.stream_into`` then reads it instead."""
+
+
 class CudaPinner:
     """``cudaHostRegister(..., cudaHostRegisterReadOnly)`` through torch's bundled cudart binding."""
 
@@ -290,10 +294,14 @@ class MappedPipeline:
         for info in self.infos:
             if info.file not in self.files:
                 try:
-                    with info.file.open("rb") as f:
+                    f = info.file.open("rb")
+                except OSError as exc:
+                    raise digest.CheckpointError(info.file, f"unreadable: {exc.strerror or exc}") from exc
+                with f:
+                    try:
                         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                except (OSError, ValueError) as exc:
-                    raise digest.CheckpointError(info.file, f"unreadable: {exc}") from exc
+                    except (OSError, ValueError) as exc:  # e.g. a FUSE mount without mmap support
+                        raise MappingUnsupportedError(f"{info.file}: cannot be mapped: {exc}") from exc
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # read-only mapping; nothing writes through it
                     base = torch.frombuffer(mm, dtype=torch.uint8)

@@ -302,3 +302,17 @@ def test_mapped_tensors_without_gpu_room_are_handed_over_as_host_copies(
     assert outcome.digest == digest.digest_directory(ckpt) and outcome.path == "mapped"
     big_tensors = sum(1 for t in digest.scan_directory(ckpt) if t.nbytes == big)
     assert len(refused) == 2 * big_tensors  # each tried, then tried again once the model drained
+
+
+def test_files_that_cannot_be_mapped_are_read_instead(ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rolloutfleet_worker import loader_mapped
+
+    def refuse(*_args: Any, **_kwargs: Any) -> Any:
+        raise OSError(19, "No such device")  # what mmap says on a mount without mmap support
+
+    want = digest.digest_directory(ckpt)
+    monkeypatch.setattr(loader_mapped.mmap, "mmap", refuse)  # the mmap module itself, for this test only
+    pinner = RecordingPinner()
+    outcome = loader.stream_into(Recorder(), ckpt, options=mapped(pinner))
+    assert outcome.path == "read" and pinner.calls == 0
+    assert outcome.digest == want
