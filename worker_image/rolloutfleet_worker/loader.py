@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from rolloutfleet_worker import digest
+from rolloutfleet_worker import digest, loader_mapped, loader_read
 from rolloutfleet_worker.loader_base import (
     CHUNK_BYTES,
     READAHEAD_BYTES,
@@ -69,12 +69,8 @@ class LoadOutcome:
 
 def _pipeline(infos: list[digest.TensorInfo], skip: Callable[[str], bool], options: LoadOptions) -> Pipeline:
     if options.mode != "read" and options.pinner is not None:
-        from rolloutfleet_worker import loader_mapped
-
         copies = loader_mapped.CudaCopies() if options.pin else loader_mapped.HostCopies()
         return loader_mapped.MappedPipeline(infos, skip, options, options.pinner, copies)
-    from rolloutfleet_worker import loader_read
-
     return loader_read.ReadPipeline(infos, skip, options)
 
 
@@ -98,9 +94,7 @@ def stream_into(
     pipeline = _pipeline(infos, skip, options)
     try:
         pipeline.start()
-    except Exception as exc:
-        if type(exc).__name__ != "MappingUnsupportedError":
-            raise
+    except loader_mapped.MappingUnsupportedError:
         # Storage that cannot be mapped (some FUSE mounts) can still be read: nothing was fed yet.
         pipeline = _pipeline(infos, skip, dataclasses.replace(options, mode="read"))
         pipeline.start()
