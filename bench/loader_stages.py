@@ -104,9 +104,9 @@ def _lock_while_copying(path: str) -> dict[str, Any]:
 
     import torch
 
-    from rolloutfleet_worker import digest, loader_base, loader_mapped
+    from rolloutfleet_worker import digest, loader_base, loader_cuda
 
-    pinner = loader_mapped.cuda_pinner()
+    pinner = loader_cuda.cuda_pinner()
     if pinner is None:
         return {"error": "no pinner"}
     file = digest.scan_directory(path)[0].file
@@ -212,11 +212,11 @@ def measure(path: str, expected_digest: str, repeats: int = 4) -> dict[str, Any]
 
     import torch
 
-    from rolloutfleet_worker import digest, extension, loader_mapped
+    from rolloutfleet_worker import digest, extension, loader_cuda
 
     nbytes = sum(t.nbytes for t in digest.scan_directory(path))
     worker = extension.load_options(pin=True)  # exactly what a single-GPU worker uses by default
-    pinner = loader_mapped.cuda_pinner()
+    pinner = loader_cuda.cuda_pinner()
     mapped = dataclasses.replace(worker, mode="mapped", pinner=pinner)
     read = dataclasses.replace(worker, mode="read", pinner=None)
     out: dict[str, Any] = {

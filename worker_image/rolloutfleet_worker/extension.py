@@ -145,13 +145,13 @@ def load_options(pin: bool, world_size: int = 1) -> Any:
     The mapped path (page-locked page cache, GPU staging) for a single-rank engine on a GPU whose platform
     locks read-only mappings, unless ``ROLLOUTFLEET_LOAD_MODE=read``; otherwise the read path.
     """
-    from rolloutfleet_worker import loader, loader_mapped
+    from rolloutfleet_worker import loader, loader_cuda
 
     defaults = loader.LoadOptions()
     mode = os.environ.get(MODE_ENV, "auto").strip() or "auto"
     if mode not in ("auto", "mapped", "read"):
         mode = "auto"
-    pinner = loader_mapped.cuda_pinner() if pin and world_size == 1 and mode != "read" else None
+    pinner = loader_cuda.cuda_pinner() if pin and world_size == 1 and mode != "read" else None
     return loader.LoadOptions(
         pin=pin,
         mode=mode,  # type: ignore[arg-type]

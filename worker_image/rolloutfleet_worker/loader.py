@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from rolloutfleet_worker import digest, loader_mapped, loader_read
+from rolloutfleet_worker import digest, loader_cuda, loader_mapped, loader_read
 from rolloutfleet_worker.loader_base import (
     CHUNK_BYTES,
     READAHEAD_BYTES,
@@ -69,7 +69,7 @@ class LoadOutcome:
 
 def _pipeline(infos: list[digest.TensorInfo], skip: Callable[[str], bool], options: LoadOptions) -> Pipeline:
     if options.mode != "read" and options.pinner is not None:
-        copies = loader_mapped.CudaCopies() if options.pin else loader_mapped.HostCopies()
+        copies = loader_cuda.CudaCopies() if options.pin else loader_cuda.HostCopies()
         return loader_mapped.MappedPipeline(infos, skip, options, options.pinner, copies)
     return loader_read.ReadPipeline(infos, skip, options)
 

@@ -247,12 +247,12 @@ def test_environment_configures_the_extension_loader(monkeypatch: pytest.MonkeyP
 
 def test_mapped_copies_never_span_two_registrations(ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The CUDA driver refuses (invalid argument) a copy whose source crosses from one locked range into another."""
-    from rolloutfleet_worker import loader_mapped
+    from rolloutfleet_worker import loader_cuda
 
     pinner = RecordingPinner()
     pieces: list[int] = []
 
-    class Checking(loader_mapped.HostCopies):
+    class Checking(loader_cuda.HostCopies):
         def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
             lo, hi = src.data_ptr(), src.data_ptr() + src.numel()
             with pinner.lock:
@@ -262,7 +262,7 @@ def test_mapped_copies_never_span_two_registrations(ckpt: Path, monkeypatch: pyt
             pieces.append(src.numel())
             super().copy(dst, src)
 
-    monkeypatch.setattr(loader_mapped, "HostCopies", Checking)
+    monkeypatch.setattr(loader_cuda, "HostCopies", Checking)
     opts = mapped(pinner, window_bytes=mmap.PAGESIZE, readahead_bytes=1)
     outcome = loader.stream_into(Recorder(), ckpt, options=opts)
     assert outcome.digest == digest.digest_directory(ckpt)
@@ -282,19 +282,19 @@ def test_mapped_tensors_without_gpu_room_are_handed_over_as_host_copies(
     ckpt: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Staging that finds no GPU memory, even after the model drained what was staged, falls back to host."""
-    from rolloutfleet_worker import loader_mapped
+    from rolloutfleet_worker import loader_cuda
 
     big = max(t.nbytes for t in digest.scan_directory(ckpt))
     refused: list[int] = []
 
-    class Full(loader_mapped.HostCopies):
+    class Full(loader_cuda.HostCopies):
         def empty(self, n: int) -> torch.Tensor:
             if n == big:
                 refused.append(n)
                 raise torch.cuda.OutOfMemoryError("no room for staging")
             return super().empty(n)
 
-    monkeypatch.setattr(loader_mapped, "HostCopies", Full)
+    monkeypatch.setattr(loader_cuda, "HostCopies", Full)
     model = Recorder()
     outcome = loader.stream_into(model, ckpt, options=mapped(readahead_bytes=1))
     want = expected(ckpt)

@@ -1,0 +1,164 @@
+"""The CUDA side of the mapped load path: page-locking host ranges and queueing copies on a side stream.
+
+Used by ``loader_mapped`` (and ``loader`` to choose it). Owns the calls into CUDA that the pipeline
+makes: read-only ``cudaHostRegister``/``cudaHostUnregister`` (probed once per process), host→device
+copies on a side stream handed to the model's stream with events, and the once-per-device self-test that
+gates hashing on the GPU. ``HostCopies`` is the same interface for a model on the CPU (the unit tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import tempfile
+import warnings
+from typing import Any
+
+import torch
+
+from rolloutfleet_worker import blake3_device
+from rolloutfleet_worker.loader_base import REGISTER_READ_ONLY, HostPinner
+
+
+class CudaPinner:
+    """``cudaHostRegister(..., cudaHostRegisterReadOnly)`` through torch's bundled cudart binding."""
+
+    def __init__(self) -> None:
+        self._cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+
+    def register(self, address: int, length: int) -> bool:
+        if int(self._cudart.cudaHostRegister(address, length, REGISTER_READ_ONLY)) == 0:
+            return True
+        # A refused registration leaves a (non-sticky) last error behind, and torch's next kernel-launch
+        # check would report it as that kernel's failure: consume it here.
+        _clear_last_error()
+        return False
+
+    def unregister(self, address: int) -> None:
+        self._cudart.cudaHostUnregister(address)
+
+
+def _clear_last_error() -> None:
+    """Reset the CUDA runtime's last error (torch's cudart binding has no cudaGetLastError).
+
+    Loading libcudart by name could reach a different copy of the runtime than torch's, so the error is
+    consumed the way torch would meet it: a tiny kernel whose launch check reads (and resets) it.
+    """
+    with contextlib.suppress(RuntimeError):
+        torch.ones(1, device="cuda").add_(1)
+
+
+_probed: dict[str, CudaPinner | None] = {}
+_hash_checked: dict[int, bool] = {}
+
+
+def device_hash_works(copies: CudaCopies | HostCopies) -> bool:
+    """BLAKE3 on this device agrees with the blake3 package (self-test once per device; False if no Triton)."""
+    if not isinstance(copies, CudaCopies):
+        return True  # the unit tests: the kernels run in Triton's CPU interpreter
+    if copies.device not in _hash_checked:
+        try:
+            _hash_checked[copies.device] = blake3_device.self_test(torch.device("cuda", copies.device))
+        except Exception:
+            _hash_checked[copies.device] = False
+    return _hash_checked[copies.device]
+
+
+def cuda_pinner() -> HostPinner | None:
+    """A CUDA pinner when this platform locks a read-only file mapping (probed once per process)."""
+    if "cuda" not in _probed:
+        _probed["cuda"] = _probe()
+    return _probed["cuda"]
+
+
+def _probe() -> CudaPinner | None:
+    if not torch.cuda.is_available():
+        return None
+    try:
+        pinner = CudaPinner()
+        with tempfile.TemporaryFile() as f:
+            f.write(b"\0" * mmap.PAGESIZE)
+            f.flush()
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                address = _address(mm)
+                ok = pinner.register(address, mmap.PAGESIZE)
+                if ok:
+                    pinner.unregister(address)
+        return pinner if ok else None
+    except Exception:
+        return None
+
+
+def _address(mm: mmap.mmap) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # read-only mapping: torch warns, we only read from it
+        return torch.frombuffer(mm, dtype=torch.uint8).data_ptr()
+
+
+class CudaCopies:
+    """Host→device copies on a side stream of the caller's device, handed over with events."""
+
+    def __init__(self) -> None:
+        self.device = torch.cuda.current_device()
+        self.stream: Any = None
+
+    def on_stream(self) -> Any:
+        """Work queued inside runs on the copy stream, behind the copies."""
+        return torch.cuda.stream(self.stream)
+
+    def bind(self) -> None:
+        """Called first in the copier thread: a new thread would default to device 0."""
+        torch.cuda.set_device(self.device)
+        self.stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+
+    def empty(self, n: int) -> torch.Tensor:
+        with torch.cuda.stream(self.stream):
+            return torch.empty(n, dtype=torch.uint8, device=f"cuda:{self.device}")
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Queue one copy; ``src`` must lie inside one registration (the driver refuses a span of two)."""
+        with torch.cuda.stream(self.stream):
+            dst.copy_(src, non_blocking=True)
+
+    def record(self) -> Any:
+        """An event after every copy queued so far."""
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record(self.stream)
+        return event
+
+    def hand_over(self, tensor: torch.Tensor, event: Any) -> None:
+        """On the model's thread: its stream waits for the copy; the allocator keeps the block until then."""
+        if event is None:
+            return
+        current = torch.cuda.current_stream()
+        current.wait_event(event)
+        tensor.record_stream(current)
+
+    def wait(self, event: Any) -> None:
+        if event is not None:
+            event.synchronize()
+
+
+class HostCopies:
+    """The same interface for a model on the CPU (the unit tests): plain synchronous copies."""
+
+    def on_stream(self) -> Any:
+        return contextlib.nullcontext()
+
+    def bind(self) -> None:
+        pass
+
+    def empty(self, n: int) -> torch.Tensor:
+        return torch.empty(n, dtype=torch.uint8)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src)
+
+    def record(self) -> Any:
+        return None
+
+    def hand_over(self, tensor: torch.Tensor, event: Any) -> None:
+        pass
+
+    def wait(self, event: Any) -> None:
+        pass
