@@ -104,6 +104,7 @@ class Kube:
                 namespace=meta.get("namespace"),
                 field_manager=FIELD_MANAGER,
                 force_conflicts=True,
+                serializer=_plain_json,
             )
             return _to_dict(out)
 
@@ -114,7 +115,9 @@ class Kube:
 
         def call() -> Manifest | None:
             try:
-                return _to_dict(self._resource(api_version, kind).get(name=name, namespace=namespace))
+                return _to_dict(
+                    self._resource(api_version, kind).get(name=name, namespace=namespace, serializer=_plain_json)
+                )
             except NotFoundError:
                 return None
 
@@ -126,8 +129,9 @@ class Kube:
         """Objects of a kind in a namespace, optionally filtered by labels."""
 
         def call() -> list[Manifest]:
-            out = self._resource(api_version, kind).get(namespace=namespace, label_selector=label_selector)
-            return [_to_dict(item) for item in out.items]
+            res = self._resource(api_version, kind)
+            out = res.get(namespace=namespace, label_selector=label_selector, serializer=_plain_json)
+            return list(_to_dict(out).get("items") or [])
 
         return await self._run(call, "list")
 
@@ -137,7 +141,9 @@ class Kube:
         def call() -> Manifest | None:
             res = self._resource(manifest["apiVersion"], manifest["kind"])
             try:
-                return _to_dict(res.create(body=manifest, namespace=manifest["metadata"].get("namespace")))
+                return _to_dict(
+                    res.create(body=manifest, namespace=manifest["metadata"].get("namespace"), serializer=_plain_json)
+                )
             except ApiException as exc:
                 if _status_of(exc) == 409:
                     return None
@@ -155,6 +161,7 @@ class Kube:
                 name=name,
                 namespace=namespace,
                 content_type="application/merge-patch+json",
+                serializer=_plain_json,
             )
             return _to_dict(out)
 
@@ -213,6 +220,15 @@ def _reason(exc: ApiException) -> str:
         return str(body.get("message") or exc.reason)
     except (ValueError, TypeError):
         return str(exc.reason)
+
+
+def _plain_json(_client: Any, data: Any) -> Any:
+    """The dynamic client's response ``serializer``: the decoded JSON as it is.
+
+    Its default wraps every nested field in ResourceInstance/ResourceField objects, which ``_to_dict`` then
+    unwraps again: profiled at two thirds of the operator's CPU while it listed 1,024 pods every pass.
+    """
+    return data
 
 
 def _to_dict(obj: Any) -> Manifest:

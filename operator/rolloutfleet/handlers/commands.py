@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rolloutfleet.handlers import wiring  # imported for its decorators, too
 
+    _raise_open_files_limit()
     os.environ[wiring.METRICS_PORT_ENV] = str(args.metrics_port)
     os.environ[wiring.CLUSTER_WIDE_ENV] = "1" if args.all_namespaces else "0"
     logging.basicConfig(
@@ -56,6 +57,19 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def _raise_open_files_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard one: a connection per engine pod needs more than the usual 1,024."""
+    import contextlib
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
+        # On refusal keep the soft limit: the pool still works, with more connection churn.
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 def _priority(pod_id: str) -> int:
