@@ -99,8 +99,11 @@ class EngineClient:
         reset: ResetPolicy | None = None,
         on_latency: LatencyHook | None = None,
         rng: random.Random | None = None,
+        unversioned: dict[str, float] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        # Shared by the pool's clients: engines whose /weight_info answered 404, and when (monotonic).
+        self._unversioned = unversioned if unversioned is not None else {}
         self._session = session
         self._token = token
         self.timeouts = timeouts or EngineTimeouts()
@@ -285,6 +288,7 @@ class EngineClient:
                 self.is_paused(), self.is_sleeping(), self._weight_info_or_absent(), self.extension_state()
             )
         except (EngineUnreachable, EngineTimeout) as exc:
+            self._unversioned.pop(self.base_url, None)  # it may come back as another vLLM release
             return api.EngineState.unreachable(str(exc))
         versioned = version is not _NO_VERSIONS
         state = state_from_wire(
@@ -293,13 +297,21 @@ class EngineClient:
         return dataclasses.replace(state, versioned=versioned)
 
     async def _weight_info_or_absent(self) -> Any:
-        # vLLM 0.26 has no weight-version routes (404, measured on the H200): feature-detect, do not fail.
+        # vLLM 0.26 has no weight-version routes (404, measured on the H200): feature-detect, do not fail,
+        # and remember it for a while so each observation of such an engine costs one read fewer (and its
+        # log one 404 line fewer). An engine that goes unreachable is asked again when it is back.
+        noted = self._unversioned.get(self.base_url)
+        if noted is not None and time.monotonic() - noted < VERSION_ROUTES_RECHECK_SECONDS:
+            return _NO_VERSIONS
         try:
-            return await self.weight_info()
+            info = await self.weight_info()
         except EngineHTTPError as exc:
             if exc.status == 404:
+                self._unversioned[self.base_url] = time.monotonic()
                 return _NO_VERSIONS
             raise
+        self._unversioned.pop(self.base_url, None)
+        return info
 
     # --- plumbing --------------------------------------------------------------------------------
 
@@ -414,6 +426,7 @@ class EngineClient:
 
 
 _NO_VERSIONS = object()  # sentinel: the engine has no weight-version routes
+VERSION_ROUTES_RECHECK_SECONDS = 300.0  # how long a 404 on /weight_info is believed without asking again
 
 
 class EnginePool:
@@ -444,6 +457,7 @@ class EnginePool:
         self._on_latency = on_latency
         self._session: aiohttp.ClientSession | None = None
         self._rng = random.Random()  # noqa: S311 - jitter only
+        self._unversioned: dict[str, float] = {}
 
     def __repr__(self) -> str:
         return f"EnginePool(limit={self._limit}, token={'<redacted>' if self._token else None})"
@@ -478,6 +492,7 @@ class EnginePool:
             reset=self.reset,
             on_latency=self._on_latency,
             rng=self._rng,
+            unversioned=self._unversioned,
         )
 
     def for_address(self, ip: str, port: int = 8000) -> EngineClient:

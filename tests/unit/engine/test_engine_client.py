@@ -13,7 +13,7 @@ import socket
 
 import aiohttp
 import pytest
-from engine_support import D1, D2, TOKEN, V1, V2
+from engine_support import D1, D2, TOKEN, V1, V2, Latencies
 
 from rolloutfleet.adapters.engine import EngineClient, EnginePool
 from rolloutfleet.adapters.engine_wire import (
@@ -177,3 +177,21 @@ async def test_pool_shares_one_session_across_engines(fleet: SimulatedFleet, poo
 def test_sleep_level_derivation() -> None:
     assert derive_sleep_level(is_sleeping=False) == 0
     assert derive_sleep_level(is_sleeping=True) is None
+
+
+@pytest.mark.parametrize("spec", [EngineSpec(vllm_version="0.26")])
+async def test_missing_version_routes_are_remembered_until_the_engine_drops_out(
+    pool: EnginePool, sim: SimulatedEngine, latencies: Latencies
+) -> None:
+    """0.26 answers /weight_info with 404: asked once per engine, not on every observation, until it restarts."""
+
+    def asked() -> int:
+        return sum(1 for step, _s, _o in latencies.calls if step == "weight_info")
+
+    first = await pool.client(sim.url).observe()
+    second = await pool.client(sim.url).observe()  # a new client of the same pool, as each pass makes
+    assert not first.versioned and not second.versioned and asked() == 1
+    await sim.crash(restart_after=0.3)
+    assert (await pool.client(sim.url).observe()).reachable is False
+    await asyncio.sleep(0.5)
+    assert not (await pool.client(sim.url).observe()).versioned and asked() == 2
