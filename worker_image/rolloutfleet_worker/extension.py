@@ -139,11 +139,12 @@ def _positive_env(name: str) -> int | None:
     return int(raw) if raw.isdigit() and int(raw) > 0 else None
 
 
-def load_options(pin: bool, world_size: int = 1) -> Any:
+def load_options(pin: bool, world_size: int = 1, sample: Path | None = None) -> Any:
     """The loader's options from ROLLOUTFLEET_LOAD_* / ROLLOUTFLEET_HASH_THREADS (worker_image/README.md).
 
     The mapped path (page-locked page cache, GPU staging) for a single-rank engine on a GPU whose platform
-    locks read-only mappings, unless ``ROLLOUTFLEET_LOAD_MODE=read``; otherwise the read path.
+    locks a read-only mapping of ``sample`` (a file of the checkpoint being loaded; probed once per process),
+    unless ``ROLLOUTFLEET_LOAD_MODE=read``; otherwise the read path.
     """
     from rolloutfleet_worker import loader, loader_cuda
 
@@ -151,7 +152,7 @@ def load_options(pin: bool, world_size: int = 1) -> Any:
     mode = os.environ.get(MODE_ENV, "auto").strip() or "auto"
     if mode not in ("auto", "mapped", "read"):
         mode = "auto"
-    pinner = loader_cuda.cuda_pinner() if pin and world_size == 1 and mode != "read" else None
+    pinner = loader_cuda.cuda_pinner(sample) if pin and world_size == 1 and mode != "read" else None
     return loader.LoadOptions(
         pin=pin,
         mode=mode,  # type: ignore[arg-type]
@@ -275,7 +276,11 @@ def _load(worker: Any, target: object, path: object, revision: int | None, resto
             model,
             path,
             skip=skip or (lambda _name: False),
-            options=load_options(pin=models.on_cuda(model), world_size=models.world_size()),
+            options=load_options(
+                pin=models.on_cuda(model),
+                world_size=models.world_size(),
+                sample=next(Path(path).glob("*.safetensors"), None),
+            ),
         )
     except digest.CheckpointError as exc:
         return _fail("io", str(exc))

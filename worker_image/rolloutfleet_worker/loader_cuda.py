@@ -12,7 +12,8 @@ import contextlib
 import mmap
 import tempfile
 import warnings
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import torch
 
@@ -64,21 +65,30 @@ def device_hash_works(copies: CudaCopies | HostCopies) -> bool:
     return _hash_checked[copies.device]
 
 
-def cuda_pinner() -> HostPinner | None:
-    """A CUDA pinner when this platform locks a read-only file mapping (probed once per process)."""
+def cuda_pinner(sample: Path | None = None) -> HostPinner | None:
+    """A CUDA pinner when this platform locks a read-only file mapping (probed once per process).
+
+    ``sample``: a checkpoint file to probe with, so the answer holds for the storage the weights come from
+    (a network filesystem may refuse what local disk allows); without one, a temporary file.
+    """
     if "cuda" not in _probed:
-        _probed["cuda"] = _probe()
+        _probed["cuda"] = _probe(sample)
     return _probed["cuda"]
 
 
-def _probe() -> CudaPinner | None:
+def _probe(sample: Path | None) -> CudaPinner | None:
     if not torch.cuda.is_available():
         return None
     try:
         pinner = CudaPinner()
-        with tempfile.TemporaryFile() as f:
-            f.write(b"\0" * mmap.PAGESIZE)
-            f.flush()
+        with contextlib.ExitStack() as stack:
+            f: IO[bytes]
+            if sample is not None:
+                f = stack.enter_context(sample.open("rb"))
+            else:
+                f = stack.enter_context(tempfile.TemporaryFile())
+                f.write(b"\0" * mmap.PAGESIZE)
+                f.flush()
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                 address = _address(mm)
                 ok = pinner.register(address, mmap.PAGESIZE)

@@ -9,6 +9,7 @@ the driver would: page-aligned, non-overlapping, every range unlocked exactly on
 from __future__ import annotations
 
 import mmap
+import os
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -316,3 +317,33 @@ def test_files_that_cannot_be_mapped_are_read_instead(ckpt: Path, monkeypatch: p
     outcome = loader.stream_into(Recorder(), ckpt, options=mapped(pinner))
     assert outcome.path == "read" and pinner.calls == 0
     assert outcome.digest == want
+
+
+def test_the_pinning_probe_maps_a_file_of_the_checkpoint(ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe asks the storage the weights come from (a network filesystem may refuse what /tmp allows)."""
+    from rolloutfleet_worker import loader_cuda
+
+    calls: list[int] = []
+
+    class FakePinner:
+        def register(self, address: int, length: int) -> bool:
+            calls.append(length)
+            return len(calls) == 1  # accept the probe's page
+
+        def unregister(self, address: int) -> None:
+            calls.append(-1)
+
+    monkeypatch.setattr(loader_cuda, "_probed", {})
+    monkeypatch.setattr(loader_cuda.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(loader_cuda, "CudaPinner", FakePinner)
+    opened: list[str] = []
+    real_mmap = loader_cuda.mmap.mmap
+
+    def spy(fileno: int, length: int, **kwargs: Any) -> Any:
+        opened.append(os.readlink(f"/proc/self/fd/{fileno}"))
+        return real_mmap(fileno, length, **kwargs)
+
+    monkeypatch.setattr(loader_cuda.mmap, "mmap", spy)
+    sample = sorted(ckpt.glob("*.safetensors"))[0]
+    assert isinstance(loader_cuda.cuda_pinner(sample), FakePinner)
+    assert opened == [str(sample)] and calls == [mmap.PAGESIZE, -1]
