@@ -22,7 +22,7 @@ EXPECTED_RULES = {
     ("rolloutfleet.io", "rolloutfleets/status"): {"patch"},
     ("rolloutfleet.io", "weightrevisions"): {"list", "watch", "patch"},
     ("rolloutfleet.io", "weightrevisions/status"): {"patch"},
-    ("", "pods"): {"list", "watch"},
+    ("", "pods"): {"list"},
     ("", "services"): {"create", "patch"},
     ("apps", "statefulsets"): {"get", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"create", "patch"},

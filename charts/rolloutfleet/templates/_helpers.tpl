@@ -98,11 +98,10 @@ rollout and nothing else is granted. Why each one:
 - apiGroups: ["rolloutfleet.io"]
   resources: ["weightrevisions/status"]
   verbs: ["patch"]
-# Engine pods (selected by label) are indexed from a watch to find their IPs (the operator dials pod
-# IPs) and readiness: a list at start, then watch events, instead of a list per pass.
+# Engine pods are listed by label to find their IPs (the operator dials pod IPs) and readiness.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["list"]
 # Fleet children are server-side applied: one PATCH that updates, or creates when absent (the API server
 # then checks `create` too). The StatefulSet is read back for the fleet's status.
 - apiGroups: [""]

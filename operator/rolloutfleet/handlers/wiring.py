@@ -21,7 +21,6 @@ from rolloutfleet.metrics import Metrics
 from rolloutfleet.reconcile import fleet as fleet_reconcile
 from rolloutfleet.reconcile import revision as revision_reconcile
 from rolloutfleet.reconcile.context import OperatorContext
-from rolloutfleet.resources import pod_view
 
 GROUP, VERSION = common.GROUP, common.VERSION
 FLEETS = "rolloutfleets"
@@ -73,27 +72,8 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
         ctx.kube.close()
 
 
-@kopf.index("v1", "pods", labels=pod_view.ENGINE_POD_LABELS)
-def fleet_pods(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    """Engine pods by (namespace, fleet), fed by a watch: passes read this instead of listing pods.
-
-    kopf starts no handler before every index is filled, and hands the index to each handler as the
-    ``fleet_pods`` argument; ``_adopt_index`` gives it to the reconcilers.
-    """
-    pod = _plain(body)
-    fleet = pod_view.fleet_of(pod)
-    namespace = (pod.get("metadata") or {}).get("namespace")
-    return {(namespace, fleet): pod_view.slim(pod)} if fleet and namespace else {}
-
-
-def _adopt_index(ctx: OperatorContext, index: Any) -> None:
-    if ctx.pod_index is None and index is not None:
-        ctx.pod_index = index
-
-
-async def _fleet(memo: kopf.Memo, body: kopf.Body, pods_index: Any = None) -> None:
+async def _fleet(memo: kopf.Memo, body: kopf.Body) -> None:
     ctx: OperatorContext = memo.ctx
-    _adopt_index(ctx, pods_index)
     try:
         outcome = await fleet_reconcile.reconcile_fleet(ctx, _plain(body))
     except KubeError as exc:
@@ -111,16 +91,16 @@ def _temporary(exc: KubeError) -> kopf.TemporaryError:
 @kopf.on.create(GROUP, VERSION, FLEETS)
 @kopf.on.update(GROUP, VERSION, FLEETS)
 @kopf.on.resume(GROUP, VERSION, FLEETS)
-async def fleet_changed(memo: kopf.Memo, body: kopf.Body, fleet_pods: Any = None, **_: Any) -> None:
+async def fleet_changed(memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
     """A fleet appeared or its spec changed: reconcile now."""
     memo.setdefault("seen_fleets", set()).add((body["metadata"]["namespace"], body["metadata"]["name"]))
-    await _fleet(memo, body, fleet_pods)
+    await _fleet(memo, body)
 
 
 @kopf.timer(GROUP, VERSION, FLEETS, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS / 2)
-async def fleet_resync(memo: kopf.Memo, body: kopf.Body, fleet_pods: Any = None, **_: Any) -> None:
+async def fleet_resync(memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
     """Periodic level-triggered pass: pods came and went, someone edited a child, the operator restarted."""
-    await _fleet(memo, body, fleet_pods)
+    await _fleet(memo, body)
 
 
 @kopf.on.delete(GROUP, VERSION, FLEETS, optional=True)
@@ -149,7 +129,6 @@ async def revision_loop(
     name: str,
     stopped: kopf.DaemonStopped,
     logger: logging.Logger | logging.LoggerAdapter[Any],
-    fleet_pods: Any = None,
     **_: Any,
 ) -> None:
     """The fleet's weight-update loop: passes of ``reconcile_revisions`` until the fleet goes away.
@@ -158,7 +137,6 @@ async def revision_loop(
     ``IDLE_SECONDS`` (pods may have come back, an operator before us may have left work half done).
     """
     ctx: OperatorContext = memo.ctx
-    _adopt_index(ctx, fleet_pods)
     assert namespace is not None  # RolloutFleet is namespaced
     memory = ctx.memory(namespace, name)
     try:

@@ -7,16 +7,12 @@ Built once by the handlers at operator start-up and kept in kopf's memo; passed 
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
-from collections.abc import Iterable, Mapping
-from typing import Any
 
 from rolloutfleet.adapters.engine import EnginePool
 from rolloutfleet.adapters.kube import Kube
 from rolloutfleet.api.engine import EngineState
 from rolloutfleet.metrics import Metrics
-from rolloutfleet.resources import labels
 
 
 @dataclasses.dataclass
@@ -48,19 +44,6 @@ class OperatorContext:
     metrics: Metrics
     operator_namespace: str | None = None
     fleets: dict[tuple[str, str], FleetMemory] = dataclasses.field(default_factory=dict)
-    # kopf's watch-fed index of engine pods, (namespace, fleet) -> slim pods (handlers.wiring sets it the
-    # first time a handler receives it); None: list pods from the API server instead.
-    pod_index: Mapping[tuple[str, str], Iterable[dict[str, Any]]] | None = None
-
-    async def fleet_pods(self, namespace: str, fleet: str) -> list[dict[str, Any]]:
-        """The fleet's engine pods: from the pod index when the operator runs it, else one list call.
-
-        Each pass gets its own copies (the reconcilers may annotate what they read). The index trails the
-        API server by a watch event at most; the engines themselves are always observed directly.
-        """
-        if self.pod_index is not None:
-            return [copy.deepcopy(dict(p)) for p in self.pod_index.get((namespace, fleet)) or ()]
-        return await self.kube.list("v1", "Pod", namespace, labels.selector_string(fleet))
 
     def memory(self, namespace: str, name: str) -> FleetMemory:
         """The bookkeeping of one fleet (created on first use)."""

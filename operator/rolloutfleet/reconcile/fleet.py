@@ -58,7 +58,7 @@ async def reconcile_fleet(ctx: OperatorContext, body: Manifest) -> FleetOutcome:
     for manifest in desired:
         await ctx.kube.apply(manifest)
     sts = await ctx.kube.get("apps/v1", "StatefulSet", namespace, labels.statefulset_name(name))
-    pods = await ctx.fleet_pods(namespace, name)
+    pods = await ctx.kube.list("v1", "Pod", namespace, labels.selector_string(name))
     new_status = fleet_status.observed(old_status, spec, name, generation, sts, pods, _engines(ctx, namespace, name))
     ctx.metrics.replicas_ready.labels(namespace, name).set(new_status.ready_replicas)
     written = await _write_status(ctx, body, old_status, new_status)

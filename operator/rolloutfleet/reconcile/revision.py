@@ -131,7 +131,7 @@ async def reconcile_revisions(
     pool = await _pool(ctx, memory, token)
     pods = [
         p
-        for p in await ctx.fleet_pods(namespace, fleet_name)
+        for p in await ctx.kube.list("v1", "Pod", namespace, labels.selector_string(fleet_name))
         if (p.get("status") or {}).get("podIP")
         and not p["metadata"].get("deletionTimestamp")
         and (p.get("status") or {}).get("phase") == "Running"
