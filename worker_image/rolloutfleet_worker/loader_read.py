@@ -1,7 +1,8 @@
 """The read path of the loader: copy the files into per-tensor (pinned) buffers, hash them, feed them.
 
-Used by ``loader.stream_into`` when the page cache cannot be page-locked in place (no GPU, a platform that
-refuses read-only host registration, or ``ROLLOUTFLEET_LOAD_MODE=read``). Four stages run at once:
+Used by ``loader.stream_into`` whenever the mapped path does not run: tensor or pipeline parallel engines
+(each rank copies only its shard from host memory), no GPU, storage or a platform that refuses mapping or
+read-only host registration, or ``ROLLOUTFLEET_LOAD_MODE=read``. Four stages run at once:
 
 - a scheduler thread walks the tensors in file order, allocates one host buffer per tensor (pinned when
   the model lives on a GPU) within the read-ahead budget, and splits it into chunks;
