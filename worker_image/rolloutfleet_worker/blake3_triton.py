@@ -412,13 +412,10 @@ def chunks_kernel(words_ptr, out_ptr, iv_ptr, n_chunks, LANES: tl.constexpr):
     counter_lo = idx.to(tl.uint32)
     counter_hi = zero
     block_len = zero + 64
-    for j in tl.static_range(16):
+    # A loop, not unrolled: one compression's code instead of sixteen keeps the first compile short.
+    for j in range(16):
         off = base + j * 16
-        flags = zero
-        if j == 0:
-            flags = zero + 1
-        if j == 15:
-            flags = zero + 2
+        flags = zero + tl.where(j == 0, 1, 0) + tl.where(j == 15, 2, 0)
         c0, c1, c2, c3, c4, c5, c6, c7 = _compress(
             c0,
             c1,
