@@ -244,10 +244,21 @@ def measure(path: str, expected_digest: str, repeats: int = 4) -> dict[str, Any]
                 r = _pipeline(path, stand_in, lambda o=opts: o, expected_digest, 3)  # type: ignore[misc]
                 sweep.append({"path": "mapped", "lock_threads": lock_threads, "readahead_MiB": readahead // MiB, **r})
         # The experimental knobs (issue 8's next step): unlock on a thread of its own, hash on the GPU.
-        for apart, on_gpu in ((True, False), (False, True), (True, True)):
-            opts = dataclasses.replace(mapped, unlock_apart=apart, gpu_hash=on_gpu)
+        # With the hash on the GPU the host only locks, so the lock pool's width and the window size are
+        # swept for that case too.
+        experiments = [(apart, on_gpu, 2, 256) for apart, on_gpu in ((True, False), (False, True), (True, True))]
+        experiments += [(True, True, 1, 256), (True, True, 4, 256), (True, True, 2, 64), (True, True, 4, 1024)]
+        for apart, on_gpu, lock_threads, window_mib in experiments:
+            opts = dataclasses.replace(
+                mapped,
+                unlock_apart=apart,
+                gpu_hash=on_gpu,
+                register_threads=lock_threads,
+                window_bytes=window_mib * MiB,
+            )
             r = _pipeline(path, stand_in, lambda o=opts: o, expected_digest, 3)  # type: ignore[misc]
-            sweep.append({"path": "mapped", "unlock_apart": apart, "gpu_hash": on_gpu, **r})
+            knobs = {"unlock_apart": apart, "gpu_hash": on_gpu, "lock_threads": lock_threads, "window_MiB": window_mib}
+            sweep.append({"path": "mapped", **knobs, **r})
         try:
             out["gpu_hash_only"] = _gpu_hash_only(nbytes, repeats)
         except Exception as exc:  # a report: say what failed
@@ -336,7 +347,10 @@ def report_lines(stages: dict[str, Any], ceiling_gbps: float) -> list[str]:
     ]
     for r in stages["sweep"]:
         if r["path"] == "mapped" and "gpu_hash" in r:
-            knobs = f"unlock apart {r['unlock_apart']}, hash on the GPU {r['gpu_hash']}"
+            knobs = (
+                f"unlock apart {r['unlock_apart']}, hash on the GPU {r['gpu_hash']}, "
+                f"{r['lock_threads']} lock threads, {r['window_MiB']} MiB windows"
+            )
         elif r["path"] == "mapped":
             knobs = f"{r['lock_threads']} lock threads, {r['readahead_MiB']} MiB ahead"
         else:

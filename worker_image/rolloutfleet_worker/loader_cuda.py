@@ -9,6 +9,7 @@ gates hashing on the GPU. ``HostCopies`` is the same interface for a model on th
 from __future__ import annotations
 
 import contextlib
+import logging
 import mmap
 import tempfile
 import warnings
@@ -49,6 +50,8 @@ def _clear_last_error() -> None:
         torch.ones(1, device="cuda").add_(1)
 
 
+log = logging.getLogger("vllm.rolloutfleet")
+
 _probed: dict[str, CudaPinner | None] = {}
 _hash_checked: dict[int, bool] = {}
 
@@ -58,10 +61,16 @@ def device_hash_works(copies: CudaCopies | HostCopies) -> bool:
     if not isinstance(copies, CudaCopies):
         return True  # the unit tests: the kernels run in Triton's CPU interpreter
     if copies.device not in _hash_checked:
+        # Asked for and refused: say why once, since the load then hashes on the host (slower, same digest).
         try:
-            _hash_checked[copies.device] = blake3_device.self_test(torch.device("cuda", copies.device))
-        except Exception:
-            _hash_checked[copies.device] = False
+            works = blake3_device.self_test(torch.device("cuda", copies.device))
+            if not works:
+                log.warning("GPU hashing off: BLAKE3 on cuda:%d disagrees with the blake3 package", copies.device)
+        except Exception as exc:
+            works = False
+            name = type(exc).__name__
+            log.warning("GPU hashing off: its self-test on cuda:%d failed: %s: %s", copies.device, name, exc)
+        _hash_checked[copies.device] = works
     return _hash_checked[copies.device]
 
 
