@@ -65,6 +65,7 @@ class LoadOutcome:
     path: str = "read"  # which pipeline ran: "mapped" or "read"
     unpinned_bytes: int = 0  # mapped path: bytes copied from pageable memory (a window was refused)
     device_hashed_bytes: int = 0  # mapped path with gpu_hash: bytes hashed on the GPU
+    bounced_bytes: int = 0  # mapped path: bytes read into bounce buffers instead of page-locked in place
 
 
 def _pipeline(infos: list[digest.TensorInfo], skip: Callable[[str], bool], options: LoadOptions) -> Pipeline:
@@ -123,6 +124,7 @@ def stream_into(
         path=type(pipeline).__name__.removesuffix("Pipeline").lower(),
         unpinned_bytes=getattr(pipeline, "unpinned_bytes", 0),
         device_hashed_bytes=getattr(pipeline, "device_hashed_bytes", 0),
+        bounced_bytes=getattr(pipeline, "bounced_bytes", 0),
     )
 
 

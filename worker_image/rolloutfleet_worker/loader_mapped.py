@@ -25,6 +25,7 @@ for is handed over as a private host copy.
 from __future__ import annotations
 
 import mmap
+import os
 import queue
 import threading
 import warnings
@@ -46,9 +47,17 @@ from rolloutfleet_worker.loader_base import (
     LoadOptions,
     StoppedError,
     memory,
+    read_into,
     torch_dtype,
 )
 from rolloutfleet_worker.loader_cuda import CudaCopies, HostCopies, device_hash_works
+
+
+def _open(file: Path) -> int:
+    try:
+        return os.open(file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise digest.CheckpointError(file, f"unreadable: {exc.strerror or exc}") from exc
 
 
 class MappingUnsupportedError(Exception):
@@ -63,14 +72,21 @@ class _Mapped:
     mm: mmap.mmap
     base: torch.Tensor
     address: int
+    fd: int = -1  # open while bounce windows read from it
 
 
 @dataclass(slots=True)
 class _Window:
-    """A page-aligned span of one mapping, locked and unlocked as a unit."""
+    """A page-aligned span of one mapping, locked and unlocked as a unit (or read into a bounce buffer)."""
 
     address: int
     length: int
+    file_offset: int
+    readable: int  # bytes of the file inside the window (the last page may run past its end)
+    bounce: bool = False  # read into ``buffer`` instead of locked in place
+    buffer: torch.Tensor | None = None  # the bounce buffer, filled (pinned when the model is on a GPU)
+    reads_left: int = 0  # bounce reads still running
+    mapped: _Mapped | None = None
     pending: int = 0  # fed tensors overlapping it whose copy is not issued yet
     locked: threading.Event = field(default_factory=threading.Event)  # set once the attempt finished
     pinned: bool = False
@@ -105,6 +121,7 @@ class MappedPipeline:
         self.skipped: list[str] = []
         self.unpinned_bytes = 0  # bytes copied from pageable memory (a window the driver refused)
         self.device_hashed_bytes = 0  # bytes hashed on the GPU (blake3_device)
+        self.bounced_bytes = 0  # bytes copied from bounce buffers (read, not page-locked in place)
         self.gpu_hash = options.gpu_hash and device_hash_works(copies)
         self.host_fallback_bytes = 0  # bytes handed over in host memory (no GPU room for staging)
         self.latch = ErrorLatch()
@@ -119,7 +136,14 @@ class MappedPipeline:
         self.unlock_pool = (
             ThreadPoolExecutor(1, thread_name_prefix="rolloutfleet-unlock") if options.unlock_apart else self.pool
         )
+        self.readers = (
+            ThreadPoolExecutor(max(1, options.read_threads), thread_name_prefix="rolloutfleet-read")
+            if options.bounce_share > 0
+            else None
+        )
         self.jobs: list[Future[None]] = []
+        self.device = copies.device if isinstance(copies, CudaCopies) else None
+        self.count_lock = threading.Lock()
         self.threads = [
             threading.Thread(target=self._schedule, name="rolloutfleet-schedule", daemon=True),
             threading.Thread(target=self._copy, name="rolloutfleet-copy", daemon=True),
@@ -164,8 +188,13 @@ class MappedPipeline:
                 # Whole pages only: the driver locks pages, and the mapping's last page is readable to its end.
                 size = -(-len(mm) // page) * page
                 spans = range(0, size, step)
-                windows[info.file] = [_Window(mapped.address + s, min(step, size - s)) for s in spans]
+                windows[info.file] = [
+                    _Window(mapped.address + s, min(step, size - s), s, min(step, len(mm) - s), mapped=mapped)
+                    for s in spans
+                ]
                 self.windows.extend(windows[info.file])
+                if self.readers is not None:
+                    mapped.fd = _open(info.file)
             mapped = self.files[info.file]
             if len(mapped.mm) < info.offset + info.nbytes:
                 raise digest.CheckpointError(info.file, "truncated while reading")
@@ -192,12 +221,21 @@ class MappedPipeline:
             if thread.is_alive():
                 thread.join()
         self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.readers is not None:
+            self.readers.shutdown(wait=True, cancel_futures=True)
         self.unlock_pool.shutdown(wait=True, cancel_futures=True)
         for w in self.windows:
             if w.pinned:
                 self.copies.wait(w.last_copy)
                 self.pinner.unregister(w.address)
                 w.pinned = False
+            if w.buffer is not None:
+                self.copies.wait(w.last_copy)
+                w.buffer = None
+        for mapped in self.files.values():
+            if mapped.fd >= 0:
+                os.close(mapped.fd)
+                mapped.fd = -1
         # The mappings close when the last tensor over them is gone (a loader may still hold one).
         self.files.clear()
         if isinstance(self.copies, CudaCopies):
@@ -217,6 +255,9 @@ class MappedPipeline:
 
     def _schedule(self) -> None:
         try:
+            if self.device is not None:
+                torch.cuda.set_device(self.device)  # bounce buffers are pinned in this device's context
+            share, copied = self.options.bounce_share if self.readers is not None else 0.0, 0
             for w in self.windows:
                 if self.latch.stop.is_set():
                     return
@@ -224,7 +265,13 @@ class MappedPipeline:
                     w.locked.set()
                     continue
                 self.locked.acquire(w.length, self.latch.stop)
-                self.jobs.append(self.pool.submit(self._lock, w))
+                # Interleave: the n-th window copied from is bounced when the share's running total says so.
+                w.bounce = int((copied + 1) * share + 1e-9) > int(copied * share + 1e-9)
+                copied += 1
+                if w.bounce:
+                    self._bounce(w)
+                else:
+                    self.jobs.append(self.pool.submit(self._lock, w))
         except StoppedError:
             return
         except BaseException as exc:
@@ -240,9 +287,37 @@ class MappedPipeline:
                 self.locked.release(w.length)
             w.locked.set()
 
+    def _bounce(self, w: _Window) -> None:
+        """Read the window's bytes into a fresh buffer on the reader pool, in ``chunk_bytes`` pieces."""
+        assert self.readers is not None
+        w.buffer = torch.empty(w.length, dtype=torch.uint8, pin_memory=self.device is not None)
+        assert w.mapped is not None
+        fd, file = w.mapped.fd, w.mapped.file
+        base, step = w.buffer.data_ptr(), max(1, self.options.chunk_bytes)
+        pieces = range(0, w.readable, step)
+        w.reads_left = len(pieces)
+        for start in pieces:
+            length = min(step, w.readable - start)
+            job = self.readers.submit(read_into, fd, file, base + start, w.file_offset + start, length)
+            job.add_done_callback(lambda done, w=w: self._bounced(w, done))  # type: ignore[misc]
+
+    def _bounced(self, w: _Window, done: Future[None]) -> None:
+        """A bounce read finished (reader thread): the window is ready after its last one."""
+        exc = None if done.cancelled() else done.exception()
+        if exc is not None:
+            self.latch.fail(exc)
+        with self.count_lock:
+            w.reads_left -= 1
+            last = w.reads_left == 0
+        if last or exc is not None or done.cancelled():
+            w.locked.set()
+
     def _unlock(self, w: _Window) -> None:
         try:
             self.copies.wait(w.last_copy)
+            if w.buffer is not None:
+                w.buffer = None
+                self.locked.release(w.length)
             if w.pinned:
                 self.pinner.unregister(w.address)
                 w.pinned = False
@@ -272,7 +347,7 @@ class MappedPipeline:
     def _stage(self, t: _Tensor) -> tuple[_Tensor, torch.Tensor, Any, bool]:
         info = t.info
         source = t.mapped.base[info.offset : info.offset + info.nbytes]
-        if any(not w.pinned for w in t.windows):
+        if any(not w.pinned and w.buffer is None for w in t.windows):
             self.unpinned_bytes += info.nbytes
         self.staged.acquire(info.nbytes, self.latch.stop)
         try:
@@ -286,10 +361,16 @@ class MappedPipeline:
             # One copy per window: a source spanning two registrations is an invalid argument to the driver.
             start, end = info.offset, info.offset + info.nbytes
             for w in t.windows:
-                lo = max(start, w.address - t.mapped.address)
-                hi = min(end, w.address - t.mapped.address + w.length)
-                if lo < hi:
-                    self.copies.copy(staging[lo - start : hi - start], source[lo - start : hi - start])
+                lo = max(start, w.file_offset)
+                hi = min(end, w.file_offset + w.length)
+                if lo >= hi:
+                    continue
+                if w.buffer is not None:
+                    src = w.buffer[lo - w.file_offset : hi - w.file_offset]
+                    self.bounced_bytes += hi - lo
+                else:
+                    src = source[lo - start : hi - start]
+                self.copies.copy(staging[lo - start : hi - start], src)
             if self.gpu_hash and info.nbytes >= max(self.options.gpu_hash_min_bytes, 2 * CHUNK_LEN):
                 t.device_hash = self._hash_on_device(t, staging)
             event, on_device = self.copies.record(), True

@@ -29,21 +29,7 @@ from pathlib import Path
 import torch
 
 from rolloutfleet_worker import digest
-from rolloutfleet_worker.loader_base import POLL, Budget, LoadOptions, StoppedError, memory, torch_dtype
-
-
-def _fill(fd: int, file: Path, address: int, offset: int, length: int) -> None:
-    """Read ``length`` bytes of ``file`` at ``offset`` into the buffer at ``address`` (reader thread)."""
-    view = memory(address, length)
-    done = 0
-    while done < length:
-        try:
-            n = os.preadv(fd, [view[done:]], offset + done)
-        except OSError as exc:
-            raise digest.CheckpointError(file, f"unreadable: {exc.strerror or exc}") from exc
-        if n == 0:
-            raise digest.CheckpointError(file, "truncated while reading")
-        done += n
+from rolloutfleet_worker.loader_base import POLL, Budget, LoadOptions, StoppedError, memory, read_into, torch_dtype
 
 
 @dataclass(slots=True)
@@ -167,7 +153,9 @@ class ReadPipeline:
         step = max(1, self.options.chunk_bytes)
         for start in range(0, info.nbytes, step):
             length = min(step, info.nbytes - start)
-            fut = self.pool.submit(_fill, self.fds[info.file], info.file, address + start, info.offset + start, length)
+            fut = self.pool.submit(
+                read_into, self.fds[info.file], info.file, address + start, info.offset + start, length
+            )
             chunks.append((fut, start, length))
         staged = _Staged(info=info, feed=feed, buffer=buffer, chunks=chunks, holders=2 if feed else 1)
         self.to_hash.put(staged)

@@ -99,6 +99,8 @@ def mapped(pinner: RecordingPinner | None = None, **kw: Any) -> loader.LoadOptio
         mapped(window_bytes=mmap.PAGESIZE, readahead_bytes=1, register_threads=1),
         mapped(RecordingPinner(refuse_every=2), window_bytes=mmap.PAGESIZE, readahead_bytes=3 * mmap.PAGESIZE),
         mapped(window_bytes=mmap.PAGESIZE, readahead_bytes=1, unlock_apart=True),
+        mapped(window_bytes=mmap.PAGESIZE, readahead_bytes=1, bounce_share=1.0, chunk_bytes=100, read_threads=3),
+        mapped(window_bytes=mmap.PAGESIZE, readahead_bytes=2 * mmap.PAGESIZE, bounce_share=0.5, chunk_bytes=999),
     ],
     ids=[
         "read-defaults",
@@ -108,6 +110,8 @@ def mapped(pinner: RecordingPinner | None = None, **kw: Any) -> loader.LoadOptio
         "mapped-one-page-windows-nothing-ahead",
         "mapped-every-other-window-refused",
         "mapped-unlocking-on-its-own-thread",
+        "mapped-every-window-read-into-bounce-buffers",
+        "mapped-half-the-windows-bounced",
     ],
 )
 def test_every_tensor_arrives_intact_and_the_digest_matches_the_files(ckpt: Path, options: loader.LoadOptions) -> None:
@@ -123,8 +127,12 @@ def test_every_tensor_arrives_intact_and_the_digest_matches_the_files(ckpt: Path
     assert outcome.path == ("mapped" if options.pinner is not None else "read")
     if isinstance(options.pinner, RecordingPinner):
         assert options.pinner.live == {}, "a window was left locked"
-        assert options.pinner.locked_total > 0
+        assert (options.pinner.locked_total > 0) == (options.bounce_share < 1)
         assert (outcome.unpinned_bytes > 0) == bool(options.pinner.refuse_every)
+        if options.bounce_share == 1:
+            assert outcome.bounced_bytes == outcome.bytes
+        else:
+            assert (0 < outcome.bounced_bytes < outcome.bytes) == (options.bounce_share > 0)
 
 
 def test_mapped_tensors_are_private_copies(ckpt: Path) -> None:
