@@ -38,13 +38,18 @@ def _best_and_median(seconds: list[float], nbytes: int) -> dict[str, Any]:
     }
 
 
-def _read_only(path: str, threads: int, repeats: int) -> dict[str, Any]:
-    """Files → pinned buffers with the loader's own chunk reader, nothing else."""
+def _read_only(path: str, threads: int, repeats: int, chunk: int = 16 * MiB, dma: bool = False) -> dict[str, Any]:
+    """Files → pinned buffers with the loader's own chunk reader, nothing else.
+
+    ``dma``: meanwhile a side stream copies another pinned buffer to the GPU over and over (what the
+    device copies of a load do to host memory); both rates are reported, to see whether host memory
+    bandwidth bounds a pipeline that reads and copies at once.
+    """
     import os
 
     import torch
 
-    from rolloutfleet_worker import digest, loader, loader_base
+    from rolloutfleet_worker import digest, loader_base
 
     infos = digest.scan_directory(path)
     total = sum(t.nbytes for t in infos)
@@ -54,22 +59,85 @@ def _read_only(path: str, threads: int, repeats: int) -> dict[str, Any]:
     jobs = []
     pos = 0
     for t in infos:
-        for start in range(0, t.nbytes, loader.CHUNK_BYTES):
-            length = min(loader.CHUNK_BYTES, t.nbytes - start)
+        for start in range(0, t.nbytes, chunk):
+            length = min(chunk, t.nbytes - start)
             jobs.append((fds[t.file], t.file, base + pos + start, t.offset + start, length))
         pos += t.nbytes
     seconds = []
+    copier = _BackgroundCopies() if dma else None
     try:
         with ThreadPoolExecutor(threads) as pool:
             for _ in range(repeats):
+                if copier is not None:
+                    copier.start()
                 t0 = time.perf_counter()
                 for fut in [pool.submit(loader_base.read_into, *job) for job in jobs]:
                     fut.result()
                 seconds.append(time.perf_counter() - t0)
+                if copier is not None:
+                    copier.stop()
     finally:
         for fd in fds.values():
             os.close(fd)
-    return {"threads": threads, **_best_and_median(seconds, total)}
+    out = {"threads": threads, "chunk_MiB": chunk // MiB, **_best_and_median(seconds, total)}
+    if copier is not None:
+        out["dma_GBps"] = copier.rates
+    return out
+
+
+class _BackgroundCopies:
+    """Host→device copies of one pinned 1 GiB buffer in a loop on a thread of its own, until stopped."""
+
+    def __init__(self) -> None:
+        import threading
+
+        import torch
+
+        self.src = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+        self.dst = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+        self.rates: list[float] = []
+        self.halt = threading.Event()
+        self.thread: Any = None
+
+    def start(self) -> None:
+        import threading
+
+        self.halt.clear()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        import torch
+
+        torch.cuda.set_device(self.dst.device)
+        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        copied, t0 = 0, time.perf_counter()
+        with torch.cuda.stream(stream):
+            while not self.halt.is_set():
+                self.dst.copy_(self.src, non_blocking=True)
+                stream.synchronize()
+                copied += self.src.numel()
+        self.rates.append(copied / (time.perf_counter() - t0) / GB)
+
+
+def _memcpy(nbytes: int, repeats: int) -> dict[str, Any]:
+    """Host memory → host memory with every core (torch's parallel copy): the host's copy bandwidth."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8)
+    src.fill_(1)
+    dst = torch.empty_like(src)
+    dst.fill_(0)
+    seconds = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        seconds.append(time.perf_counter() - t0)
+    return {"threads": torch.get_num_threads(), **_best_and_median(seconds, nbytes)}
 
 
 def _hash_only(nbytes: int, repeats: int) -> dict[str, Any]:
@@ -227,7 +295,10 @@ def measure(path: str, expected_digest: str, repeats: int = 4) -> dict[str, Any]
         "mapped_available": pinner is not None,
         "default_path": "mapped" if worker.pinner is not None else "read",
     }
-    out["read_only"] = [_read_only(path, n, repeats) for n in (2, 6, 12)]
+    out["read_only"] = [_read_only(path, n, repeats) for n in (2, 6, 12, 16)]
+    out["read_only"].append(_read_only(path, 12, repeats, chunk=64 * MiB))
+    out["read_while_copying"] = [_read_only(path, n, repeats, dma=True) for n in (6, 12)]
+    out["memcpy"] = _memcpy(nbytes, repeats)
     out["hash_only"] = _hash_only(nbytes, repeats)
     if pinner is not None:
         out["lock_while_copying"] = _lock_while_copying(path)
@@ -246,12 +317,12 @@ def measure(path: str, expected_digest: str, repeats: int = 4) -> dict[str, Any]
         # The experimental knobs (issue 8's next step): unlock on a thread of its own, hash on the GPU.
         # With the hash on the GPU the host only locks (measured 2026-11-30: 18-19 GB/s whatever the lock
         # pool's width or the window size, so locking itself is the bound there).
-        experiments = [(True, False, 2, 256, 0.0, 6), (True, True, 2, 256, 0.0, 6)]
+        experiments = [(True, False, 2, 256, 0.0, 6, 16, 2048), (True, True, 2, 256, 0.0, 6, 16, 2048)]
         # Bounce buffers: windows read on host cores into pinned memory instead of locked in place.
-        experiments += [(True, True, 2, 256, 1.0, n) for n in (8, 12, 14)]
-        experiments += [(True, True, 2, 256, share, 12) for share in (0.5, 0.75)]
-        experiments += [(True, True, 2, 64, 1.0, 12), (True, False, 2, 256, 1.0, 12)]
-        for apart, on_gpu, lock_threads, window_mib, share, readers in experiments:
+        experiments += [(True, True, 2, 256, 1.0, n, 16, 2048) for n in (10, 12, 14, 16)]
+        experiments += [(True, True, 2, 256, 1.0, 12, 64, 2048), (True, True, 2, 256, 1.0, 12, 16, 4096)]
+        experiments += [(True, True, 2, 512, 1.0, 12, 32, 4096), (True, False, 2, 256, 1.0, 12, 16, 2048)]
+        for apart, on_gpu, lock_threads, window_mib, share, readers, chunk_mib, ahead_mib in experiments:
             opts = dataclasses.replace(
                 mapped,
                 unlock_apart=apart,
@@ -260,6 +331,8 @@ def measure(path: str, expected_digest: str, repeats: int = 4) -> dict[str, Any]
                 window_bytes=window_mib * MiB,
                 bounce_share=share,
                 read_threads=readers,
+                chunk_bytes=chunk_mib * MiB,
+                readahead_bytes=ahead_mib * MiB,
             )
             r = _pipeline(path, stand_in, lambda o=opts: o, expected_digest, 3)  # type: ignore[misc]
             knobs = {
@@ -269,6 +342,8 @@ def measure(path: str, expected_digest: str, repeats: int = 4) -> dict[str, Any]
                 "window_MiB": window_mib,
                 "bounce_share": share,
                 "read_threads": readers,
+                "chunk_MiB": chunk_mib,
+                "readahead_MiB": ahead_mib,
             }
             sweep.append({"path": "mapped", **knobs, **r})
         try:
@@ -309,7 +384,14 @@ def report_lines(stages: dict[str, Any], ceiling_gbps: float) -> list[str]:
         "|---|---|---|---|",
     ]
     for r in stages["read_only"]:
-        lines.append(row(f"read files → pinned buffers, {r['threads']} threads", r))
+        lines.append(row(f"read files → pinned buffers, {r['threads']} threads, {r.get('chunk_MiB', 16)} MiB reads", r))
+    for r in stages.get("read_while_copying", []):
+        dma = ", ".join(f"{x:.1f}" for x in r["dma_GBps"])
+        lines.append(row(f"the same, {r['threads']} threads, while the GPU copies in (DMA GB/s: {dma})", r))
+    if "memcpy" in stages:
+        lines.append(
+            row(f"host memcpy, {stages['memcpy']['threads']} threads (host memory bandwidth)", stages["memcpy"])
+        )
     lines += [
         row("blake3 over memory, 16 MiB updates", h["chunked"]),
         row("blake3 over memory, one update", h["one_update"]),
@@ -362,7 +444,8 @@ def report_lines(stages: dict[str, Any], ceiling_gbps: float) -> list[str]:
             knobs = (
                 f"unlock apart {r['unlock_apart']}, hash on the GPU {r['gpu_hash']}, "
                 f"{r['lock_threads']} lock threads, {r['window_MiB']} MiB windows, "
-                f"{r['bounce_share']:.0%} bounced on {r['read_threads']} readers (first load {r['first_s']:.2f} s)"
+                f"{r['bounce_share']:.0%} bounced on {r['read_threads']} readers, {r['chunk_MiB']} MiB reads, "
+                f"{r['readahead_MiB']} MiB ahead (first load {r['first_s']:.2f} s)"
             )
         elif r["path"] == "mapped":
             knobs = f"{r['lock_threads']} lock threads, {r['readahead_MiB']} MiB ahead"
