@@ -165,6 +165,23 @@ async def stock(client: EngineClient, url: str, path: str, nbytes: int, sleep: b
     return out
 
 
+def wait_for_warm_up(log: pathlib.Path, limit_s: float) -> dict[str, Any]:
+    """Poll the engine's log for the warm-up's last line (bounce buffers ready, or a failure)."""
+    deadline = time.monotonic() + limit_s
+    marks = ("bounce buffers ready", "loader warm-up failed", "warm-up not started")
+    seen: dict[str, Any] = {"done": False, "lines": []}
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        seen["lines"] = [
+            line.strip() for line in text.splitlines() if "GPU hashing" in line or any(m in line for m in marks)
+        ]
+        if any(m in text for m in marks):
+            seen["done"] = True
+            return seen
+        time.sleep(0.5)
+    return seen
+
+
 async def measure(args: argparse.Namespace, revs: dict[str, str], digests: dict[str, str], out: dict[str, Any]) -> None:
     nbytes = checkpoint_bytes(revs["verifier-b"])
     t0 = time.monotonic()
@@ -182,6 +199,14 @@ async def measure(args: argparse.Namespace, revs: dict[str, str], digests: dict[
         timeouts = EngineTimeouts(load=900.0, sleep=300.0, wake_up=300.0)
         async with EnginePool(token=server.token, timeouts=timeouts) as pool:
             client = pool.client(server.url)
+            # The operator reads an engine's state long before its first update; that first read starts
+            # the worker's loader warm-up (GPU hash self-test, pinned bounce buffers). Wait for it the way
+            # a fleet does, so load 1 measures a steady worker, and report how long the warm-up took.
+            t_warm = time.monotonic()
+            await client.observe()
+            out["warm_up"] = await asyncio.to_thread(wait_for_warm_up, args.out / "vllm-bench.log", 180.0)
+            out["warm_up"]["seconds"] = time.monotonic() - t_warm
+            print(json.dumps({"warm_up": out["warm_up"]}), flush=True)
             out["ours"] = []
             for k in range(args.repeats):
                 pair = "b" if k % 2 == 0 else "a"
@@ -241,6 +266,9 @@ def report(out: dict[str, Any]) -> str:
         f"- command: `{out['command']}`",
         f"- vLLM start-up: {out['server_start_s']:.0f} s; publisher digest (CPU, blake3): "
         f"{out['publisher_digest_GBps']:.1f} GB/s",
+        f"- worker loader warm-up after the first state read (GPU hash self-test, pinned bounce buffers): "
+        f"{out.get('warm_up', {}).get('seconds', float('nan')):.1f} s; "
+        + "; ".join(f"`{line.split('rolloutfleet: ')[-1]}`" for line in out.get("warm_up", {}).get("lines", [])),
         "",
         "## Load throughput (verifier, GB/s = 10^9 B/s; median of the repeats)",
         "",

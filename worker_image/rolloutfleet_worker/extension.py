@@ -48,6 +48,8 @@ READAHEAD_ENV = "ROLLOUTFLEET_LOAD_READAHEAD_BYTES"
 MODE_ENV = "ROLLOUTFLEET_LOAD_MODE"
 GPU_HASH_ENV = "ROLLOUTFLEET_LOAD_GPU_HASH"
 UNLOCK_APART_ENV = "ROLLOUTFLEET_LOAD_UNLOCK_APART"
+BOUNCE_SHARE_ENV = "ROLLOUTFLEET_LOAD_BOUNCE_SHARE"
+BOUNCE_THREADS_ENV = "ROLLOUTFLEET_LOAD_BOUNCE_THREADS"
 
 
 class ErrorBody(TypedDict):
@@ -142,9 +144,11 @@ def _positive_env(name: str) -> int | None:
 def load_options(pin: bool, world_size: int = 1, sample: Path | None = None) -> Any:
     """The loader's options from ROLLOUTFLEET_LOAD_* / ROLLOUTFLEET_HASH_THREADS (worker_image/README.md).
 
-    The mapped path (page-locked page cache, GPU staging) for a single-rank engine on a GPU whose platform
-    locks a read-only mapping of ``sample`` (a file of the checkpoint being loaded; probed once per process),
-    unless ``ROLLOUTFLEET_LOAD_MODE=read``; otherwise the read path.
+    The mapped path (GPU staging; windows read into pinned bounce buffers, or page-locked in place) for a
+    single-rank engine on a GPU whose platform locks a read-only mapping of ``sample`` (a file of the
+    checkpoint being loaded; probed once per process), unless ``ROLLOUTFLEET_LOAD_MODE=read``; otherwise
+    the read path. Defaults are the fastest measured on the H200 (bench/results/gpu_update.md): every
+    window bounced, the hash on the GPU, unlocking on its own thread.
     """
     from rolloutfleet_worker import loader, loader_cuda
 
@@ -160,13 +164,57 @@ def load_options(pin: bool, world_size: int = 1, sample: Path | None = None) -> 
         hash_threads=_positive_env(THREADS_ENV),
         readahead_bytes=_positive_env(READAHEAD_ENV) or defaults.readahead_bytes,
         pinner=pinner,
-        gpu_hash=_flag_env(GPU_HASH_ENV),
-        unlock_apart=_flag_env(UNLOCK_APART_ENV),
+        gpu_hash=_flag_env(GPU_HASH_ENV, True),
+        unlock_apart=_flag_env(UNLOCK_APART_ENV, True),
+        bounce_share=_share_env(BOUNCE_SHARE_ENV, 1.0),
+        bounce_threads=_positive_env(BOUNCE_THREADS_ENV) or defaults.bounce_threads,
     )
 
 
-def _flag_env(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+def _flag_env(name: str, default: bool = False) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    return default
+
+
+def _share_env(name: str, default: float) -> float:
+    """A share in [0, 1] from the environment; unset or malformed means ``default``."""
+    try:
+        value = float(os.environ.get(name, "").strip())
+    except ValueError:
+        return default
+    return value if 0.0 <= value <= 1.0 else default
+
+
+_warmed: list[bool] = []
+
+
+def _warm_up_once(worker: Any) -> None:
+    """Start the loader's warm-up (GPU hash self-test, bounce buffers) once per worker process.
+
+    Called when the extension's state is first made (the operator reads the state long before it asks
+    for a load), so the first load neither compiles kernels nor allocates pinned memory.
+    """
+    if _warmed:
+        return
+    _warmed.append(True)
+    from rolloutfleet_worker import loader_cuda, models
+
+    verifier, _draft, _shared_names = _shared(worker)
+    if verifier is None or not models.on_cuda(verifier) or models.world_size() != 1:
+        return  # the read path runs there: nothing to warm
+    options = load_options(pin=True)
+    if options.mode == "read":
+        return
+    sizes = []
+    if options.bounce_share > 0:
+        sizes = [options.window_bytes] * (options.readahead_bytes // options.window_bytes + 2)
+    import torch
+
+    loader_cuda.warm_up(torch.cuda.current_device(), options.gpu_hash, sizes)
 
 
 def check_path(path: object) -> str | None:
@@ -192,6 +240,10 @@ def _state(worker: Any) -> _State:
     if not isinstance(state, _State):
         state = _State()
         worker._rolloutfleet_state = state
+        try:
+            _warm_up_once(worker)
+        except Exception as exc:  # an optimisation only: never fail a request for it
+            log.warning("rolloutfleet: loader warm-up not started: %s: %s", type(exc).__name__, exc)
     return state
 
 
@@ -289,7 +341,7 @@ def _load(worker: Any, target: object, path: object, revision: int | None, resto
     except Exception as exc:
         return _fail("load_failed", f"{type(exc).__name__}: {exc}")
     log.info(
-        "rolloutfleet: loaded %s revision %s from %s: %.2f GB in %.3f s (%.1f GB/s, %s path%s%s)",
+        "rolloutfleet: loaded %s revision %s from %s: %.2f GB in %.3f s (%.1f GB/s, %s path%s%s%s)",
         target,
         revision,
         path,
@@ -299,6 +351,7 @@ def _load(worker: Any, target: object, path: object, revision: int | None, resto
         outcome.path,
         f", {outcome.unpinned_bytes / 1e9:.2f} GB not page-locked" if outcome.unpinned_bytes else "",
         f", {outcome.device_hashed_bytes / 1e9:.2f} GB hashed on the GPU" if outcome.device_hashed_bytes else "",
+        f", {outcome.bounced_bytes / 1e9:.2f} GB through bounce buffers" if outcome.bounced_bytes else "",
     )
     slot.revision, slot.digest, slot.path, slot.verified = revision, outcome.digest, path, True
     slot.fingerprint = models.fingerprint(model, exclude)

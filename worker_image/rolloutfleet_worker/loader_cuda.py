@@ -12,6 +12,8 @@ import contextlib
 import logging
 import mmap
 import tempfile
+import threading
+import time
 import warnings
 from pathlib import Path
 from typing import IO, Any
@@ -53,25 +55,78 @@ def _clear_last_error() -> None:
 log = logging.getLogger("vllm.rolloutfleet")
 
 _probed: dict[str, CudaPinner | None] = {}
-_hash_checked: dict[int, bool] = {}
+_hash_checked: dict[int, bool] = {}  # device → the self-test's verdict
+_hash_running: set[int] = set()  # devices whose self-test (which compiles the kernels) is under way
+_hash_lock = threading.Lock()
+
+
+def check_device_hash(device: int) -> bool:
+    """Run the GPU hash self-test on ``device`` once (compiling the Triton kernels: ~30 s on the H200
+    host the first time a machine runs them); later calls return the verdict. Thread-safe."""
+    with _hash_lock:
+        if device in _hash_checked:
+            return _hash_checked[device]
+        _hash_running.add(device)
+    started = time.monotonic()
+    try:
+        works = blake3_device.self_test(torch.device("cuda", device))
+        if works:
+            log.info("rolloutfleet: GPU hashing on for cuda:%d (self-test %.1f s)", device, time.monotonic() - started)
+        else:
+            log.warning("rolloutfleet: GPU hashing off: BLAKE3 on cuda:%d disagrees with the blake3 package", device)
+    except Exception as exc:  # no Triton, no compiler, a driver problem: the host hashes instead
+        works = False
+        name = type(exc).__name__
+        log.warning("rolloutfleet: GPU hashing off: its self-test on cuda:%d failed: %s: %s", device, name, exc)
+    with _hash_lock:
+        _hash_checked[device] = works
+        _hash_running.discard(device)
+    return works
 
 
 def device_hash_works(copies: CudaCopies | HostCopies) -> bool:
-    """BLAKE3 on this device agrees with the blake3 package (self-test once per device; False if no Triton)."""
+    """Whether this load may hash on the GPU: the self-test passed (run here if nobody started it).
+
+    While the warm-up thread is still compiling, False: that load hashes on the host rather than wait.
+    """
     if not isinstance(copies, CudaCopies):
         return True  # the unit tests: the kernels run in Triton's CPU interpreter
-    if copies.device not in _hash_checked:
-        # Asked for and refused: say why once, since the load then hashes on the host (slower, same digest).
+    with _hash_lock:
+        if copies.device in _hash_checked:
+            return _hash_checked[copies.device]
+        if copies.device in _hash_running:
+            return False
+    return check_device_hash(copies.device)
+
+
+def warm_up(device: int, gpu_hash: bool, pinned_sizes: list[int]) -> threading.Thread:
+    """Prepare a GPU worker's first load in the background (called once when the extension starts).
+
+    Runs the GPU hash self-test (its compile would otherwise land on the first load) and allocates the
+    bounce buffers once, so torch's pinned-memory cache holds them before a load needs them (a fresh
+    ``cudaHostAlloc`` of 2 GiB cost the first load ~1 s on the H200 host).
+    """
+
+    def run() -> None:
         try:
-            works = blake3_device.self_test(torch.device("cuda", copies.device))
-            if not works:
-                log.warning("GPU hashing off: BLAKE3 on cuda:%d disagrees with the blake3 package", copies.device)
-        except Exception as exc:
-            works = False
-            name = type(exc).__name__
-            log.warning("GPU hashing off: its self-test on cuda:%d failed: %s: %s", copies.device, name, exc)
-        _hash_checked[copies.device] = works
-    return _hash_checked[copies.device]
+            torch.cuda.set_device(device)
+            if gpu_hash:
+                check_device_hash(device)
+            started = time.monotonic()
+            buffers = [torch.empty(n, dtype=torch.uint8, pin_memory=True) for n in pinned_sizes]
+            if buffers:
+                log.info(
+                    "rolloutfleet: %.2f GB of pinned bounce buffers ready in %.2f s",
+                    sum(pinned_sizes) / 1e9,
+                    time.monotonic() - started,
+                )
+            del buffers  # back to torch's pinned cache, where the loads find them
+        except Exception as exc:  # a warm-up is an optimisation: the loads work without it
+            log.warning("rolloutfleet: loader warm-up failed: %s: %s", type(exc).__name__, exc)
+
+    thread = threading.Thread(target=run, name="rolloutfleet-warm-up", daemon=True)
+    thread.start()
+    return thread
 
 
 def cuda_pinner(sample: Path | None = None) -> HostPinner | None:

@@ -137,7 +137,7 @@ class MappedPipeline:
             ThreadPoolExecutor(1, thread_name_prefix="rolloutfleet-unlock") if options.unlock_apart else self.pool
         )
         self.readers = (
-            ThreadPoolExecutor(max(1, options.read_threads), thread_name_prefix="rolloutfleet-read")
+            ThreadPoolExecutor(max(1, options.bounce_threads), thread_name_prefix="rolloutfleet-read")
             if options.bounce_share > 0
             else None
         )

@@ -39,7 +39,7 @@ def test_a_one_chunk_input_is_refused_on_the_device() -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 def test_triton_kernels_match_the_package_in_the_interpreter(tmp_path: Path) -> None:
-    """Chunks, odd levels, a partial tail chunk, and a whole mapped-path load hashed on the 'device'."""
+    """Chunks, odd levels, a partial tail chunk, and whole mapped-path loads hashed on the 'device'."""
     script = textwrap.dedent(
         """
         import os, sys
@@ -66,11 +66,16 @@ def test_triton_kernels_match_the_package_in_the_interpreter(tmp_path: Path) -> 
             },
             os.path.join(ckpt, "model.safetensors"),
         )
-        opts = loader.LoadOptions(mode="mapped", pinner=RecordingPinner(), gpu_hash=True, gpu_hash_min_bytes=2048)
-        model = Recorder()
-        out = loader.stream_into(model, ckpt, options=opts)
-        assert out.digest == digest.digest_directory(ckpt), (out.digest, digest.digest_directory(ckpt))
-        assert out.device_hashed_bytes == 5120 + 3074, out.device_hashed_bytes
+        for share in (0.0, 1.0):  # windows locked in place, then every window read into bounce buffers
+            opts = loader.LoadOptions(
+                mode="mapped", pinner=RecordingPinner(), gpu_hash=True, gpu_hash_min_bytes=2048,
+                bounce_share=share, window_bytes=4096, chunk_bytes=1000,
+            )
+            model = Recorder()
+            out = loader.stream_into(model, ckpt, options=opts)
+            assert out.digest == digest.digest_directory(ckpt), (share, out.digest, digest.digest_directory(ckpt))
+            assert out.device_hashed_bytes == 5120 + 3074, out.device_hashed_bytes
+            assert (out.bounced_bytes == out.bytes) == (share == 1.0), out.bounced_bytes
         print("ok")
         """
     )

@@ -99,7 +99,7 @@ def mapped(pinner: RecordingPinner | None = None, **kw: Any) -> loader.LoadOptio
         mapped(window_bytes=mmap.PAGESIZE, readahead_bytes=1, register_threads=1),
         mapped(RecordingPinner(refuse_every=2), window_bytes=mmap.PAGESIZE, readahead_bytes=3 * mmap.PAGESIZE),
         mapped(window_bytes=mmap.PAGESIZE, readahead_bytes=1, unlock_apart=True),
-        mapped(window_bytes=mmap.PAGESIZE, readahead_bytes=1, bounce_share=1.0, chunk_bytes=100, read_threads=3),
+        mapped(window_bytes=mmap.PAGESIZE, readahead_bytes=1, bounce_share=1.0, chunk_bytes=100, bounce_threads=3),
         mapped(window_bytes=mmap.PAGESIZE, readahead_bytes=2 * mmap.PAGESIZE, bounce_share=0.5, chunk_bytes=999),
     ],
     ids=[
@@ -246,12 +246,53 @@ def test_environment_configures_the_extension_loader(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv(extension.READAHEAD_ENV, "1048576")
     monkeypatch.setenv(extension.THREADS_ENV, "nonsense")
     monkeypatch.setenv(extension.MODE_ENV, "mapped")
-    monkeypatch.setenv(extension.GPU_HASH_ENV, "1")
+    monkeypatch.setenv(extension.GPU_HASH_ENV, "0")
+    monkeypatch.setenv(extension.BOUNCE_SHARE_ENV, "0.25")
+    monkeypatch.setenv(extension.BOUNCE_THREADS_ENV, "5")
     opts: Any = extension.load_options(pin=False)
     assert (opts.read_threads, opts.readahead_bytes, opts.hash_threads, opts.pin) == (3, 1048576, None, False)
-    assert opts.gpu_hash is True and opts.unlock_apart is False
+    assert (opts.gpu_hash, opts.unlock_apart, opts.bounce_share, opts.bounce_threads) == (False, True, 0.25, 5)
     # No GPU: nothing to page-lock for, so the read path runs whatever the mode says.
     assert opts.mode == "mapped" and opts.pinner is None
+
+
+def test_the_extension_defaults_are_the_fastest_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rolloutfleet_worker import extension
+
+    for name in (extension.GPU_HASH_ENV, extension.UNLOCK_APART_ENV, extension.BOUNCE_SHARE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    opts: Any = extension.load_options(pin=False)
+    assert (opts.gpu_hash, opts.unlock_apart, opts.bounce_share) == (True, True, 1.0)
+    monkeypatch.setenv(extension.BOUNCE_SHARE_ENV, "1.5")  # out of range: the default, not a crash
+    assert extension.load_options(pin=False).bounce_share == 1.0
+
+
+def test_a_load_does_not_wait_for_the_gpu_hash_warm_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the background self-test compiles the kernels, loads hash on the host; after it, on the GPU."""
+    from rolloutfleet_worker import blake3_device, loader_cuda
+
+    release, entered = threading.Event(), threading.Event()
+
+    def slow_self_test(device: Any) -> bool:
+        entered.set()
+        assert release.wait(10)
+        return True
+
+    monkeypatch.setattr(blake3_device, "self_test", slow_self_test)
+    copies = object.__new__(loader_cuda.CudaCopies)
+    copies.device = 97  # no such device: the fake self-test never touches it
+    warm = threading.Thread(target=loader_cuda.check_device_hash, args=(97,))
+    warm.start()
+    try:
+        assert entered.wait(10)
+        assert loader_cuda.device_hash_works(copies) is False
+    finally:
+        release.set()
+        warm.join()
+    assert loader_cuda.device_hash_works(copies) is True
+    monkeypatch.setattr(blake3_device, "self_test", lambda device: pytest.fail("ran twice"))
+    assert loader_cuda.check_device_hash(97) is True
+    loader_cuda._hash_checked.pop(97)
 
 
 def test_mapped_copies_never_span_two_registrations(ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
