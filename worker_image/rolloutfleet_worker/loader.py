@@ -102,7 +102,8 @@ def stream_into(
     try:
         fed = _Counter(pipeline.tensors())
         try:
-            model.load_weights(fed)
+            with pipeline.model_stream():
+                model.load_weights(fed)
         except digest.CheckpointError:
             raise
         except Exception as exc:
