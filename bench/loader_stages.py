@@ -309,16 +309,6 @@ def measure(path: str, expected_digest: str, repeats: int = 4) -> dict[str, Any]
     if pinner is not None:
         out["mapped_default"] = _pipeline(path, stand_in, lambda: mapped, expected_digest, repeats)
         out["mapped_discard"] = _pipeline(path, _Discard(), lambda: mapped, expected_digest, repeats)
-        # The model's copies on the caller's stream (an event wait and record_stream per tensor) or on
-        # the copy stream; six repeats each, alternating, since single loads vary.
-        same = dataclasses.replace(mapped, model_on_copy_stream=True)
-        other = dataclasses.replace(mapped, model_on_copy_stream=False)
-        runs: dict[str, list[float]] = {"copy_stream": [], "caller_stream": []}
-        for _ in range(6):
-            for key, opts in (("copy_stream", same), ("caller_stream", other)):
-                r = _pipeline(path, stand_in, lambda o=opts: o, expected_digest, 1)  # type: ignore[misc]
-                runs[key].append(r["seconds"][0])
-        out["model_stream"] = {k: _best_and_median(v, nbytes) for k, v in runs.items()}
         for lock_threads in (1, 2):
             for readahead in (2048 * MiB, 8192 * MiB):
                 opts = dataclasses.replace(mapped, register_threads=lock_threads, readahead_bytes=readahead)
@@ -417,10 +407,6 @@ def report_lines(stages: dict[str, Any], ceiling_gbps: float) -> list[str]:
                 bold=default == "mapped",
             ),
         ]
-    ms = stages.get("model_stream") or {}
-    if ms:
-        lines.append(row("mapped path, model's copies on the copy stream (6 loads)", ms["copy_stream"]))
-        lines.append(row("mapped path, model's copies on the caller's stream (6 loads)", ms["caller_stream"]))
     gh = stages.get("gpu_hash_only") or {}
     if gh:
         label = (

@@ -102,8 +102,7 @@ def stream_into(
     try:
         fed = _Counter(pipeline.tensors())
         try:
-            with pipeline.model_stream():
-                model.load_weights(fed)
+            model.load_weights(fed)
         except digest.CheckpointError:
             raise
         except Exception as exc:

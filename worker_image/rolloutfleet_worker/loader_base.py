@@ -10,7 +10,6 @@ import ctypes
 import os
 import threading
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -80,9 +79,6 @@ class LoadOptions:
     # host memory bandwidth). 0: lock every window; 1: bounce every window; in between: windows interleaved.
     bounce_share: float = 0.0
     bounce_threads: int = field(default_factory=default_bounce_threads)
-    # Mapped path: run ``load_weights`` on the copy stream instead of the caller's (no event wait and no
-    # record_stream per tensor; staging blocks return to the allocator in stream order).
-    model_on_copy_stream: bool = False
 
 
 class LoadWeightsError(Exception):
@@ -103,7 +99,6 @@ class Pipeline(Protocol):
     def error(self) -> BaseException | None: ...
 
     def start(self) -> None: ...
-    def model_stream(self) -> AbstractContextManager[object]: ...
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]: ...
     def finish(self) -> None: ...
     def close(self) -> None: ...

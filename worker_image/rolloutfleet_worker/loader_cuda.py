@@ -174,7 +174,7 @@ class CudaCopies:
 
     def __init__(self) -> None:
         self.device = torch.cuda.current_device()
-        self.stream: Any = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        self.stream: Any = None
 
     def on_stream(self) -> Any:
         """Work queued inside runs on the copy stream, behind the copies."""
@@ -183,10 +183,7 @@ class CudaCopies:
     def bind(self) -> None:
         """Called first in the copier thread: a new thread would default to device 0."""
         torch.cuda.set_device(self.device)
-
-    def drain(self) -> None:
-        """Wait for everything queued on the copy stream (the model's own copies too, when it ran there)."""
-        self.stream.synchronize()
+        self.stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
 
     def empty(self, n: int) -> torch.Tensor:
         with torch.cuda.stream(self.stream):
@@ -208,8 +205,6 @@ class CudaCopies:
         if event is None:
             return
         current = torch.cuda.current_stream()
-        if current == self.stream:
-            return  # the model runs on the copy stream: already in order, the block reused in order
         current.wait_event(event)
         tensor.record_stream(current)
 
@@ -225,9 +220,6 @@ class HostCopies:
         return contextlib.nullcontext()
 
     def bind(self) -> None:
-        pass
-
-    def drain(self) -> None:
         pass
 
     def empty(self, n: int) -> torch.Tensor:

@@ -24,7 +24,6 @@ for is handed over as a private host copy.
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import queue
@@ -240,7 +239,6 @@ class MappedPipeline:
         # The mappings close when the last tensor over them is gone (a loader may still hold one).
         self.files.clear()
         if isinstance(self.copies, CudaCopies):
-            self.copies.drain()  # the model's copies, when it ran on the copy stream, are done too
             torch.cuda.empty_cache()  # give the staging blocks back before the KV cache wakes
 
     def finish(self) -> None:
@@ -445,13 +443,6 @@ class MappedPipeline:
         return t.device_hash is not None
 
     # -- calling thread ------------------------------------------------------------------------------
-
-    def model_stream(self) -> Any:
-        """Where ``load_weights`` runs: on the copy stream when ``model_on_copy_stream`` (no cross-stream
-        waits, staging blocks reused in stream order), else on the caller's stream."""
-        if self.options.model_on_copy_stream:
-            return self.copies.on_stream()
-        return contextlib.nullcontext()
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Each fed tensor once its copy is issued, in file order; raises the first stage error."""

@@ -18,7 +18,6 @@ reused ring: a ``load_weights`` that keeps a reference to a tensor can never see
 
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import threading
@@ -92,10 +91,6 @@ class ReadPipeline:
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
-
-    def model_stream(self) -> contextlib.AbstractContextManager[object]:
-        """``load_weights`` runs on the caller's stream (its host tensors are copied there)."""
-        return contextlib.nullcontext()
 
     def finish(self) -> None:
         """Wait for the hasher to cover every tensor (after ``tensors()`` ran out); raise a stage's error."""
