@@ -7,10 +7,12 @@ default weight loader does for an unsharded tensor), and times
 - each stage alone: reading the files into pinned buffers (``preadv`` on N threads), blake3 over pinned
   memory (per 16 MiB chunk, as the loader feeds it), and the device copies (the ceiling, measured by the
   caller);
-- both pipelines (``loader.stream_into``): the mapped path (page cache locked in place, GPU staging; what
-  a single-GPU engine runs) and the read path (files copied into pinned buffers; tensor parallel, or no
-  read-only registration), each with the worker's default options, with a model that discards the tensors
-  (host side only), and over a small sweep of their knobs.
+- host memory bandwidth: reading while the GPU copies another buffer in, and a plain memcpy;
+- both pipelines (``loader.stream_into``): the mapped path (GPU staging from bounce buffers or from the
+  page cache locked in place, hashed on the GPU; what a single-GPU engine runs) and the read path (files
+  copied into pinned buffers, hashed on the host; tensor parallel, or no read-only registration), each
+  with the worker's default options (``extension.load_options``), with a model that discards the tensors
+  (host side only), and over a sweep of their knobs; BLAKE3 on the GPU alone.
 
 Every run's digest is checked against the publisher's. GB/s are 10^9 bytes per second. Alone (no vLLM
 needed, only torch with CUDA, blake3 and safetensors), it writes a checkpoint of the bench's shape first:
@@ -311,12 +313,14 @@ def measure(path: str, expected_digest: str, repeats: int = 4) -> dict[str, Any]
         out["mapped_discard"] = _pipeline(path, _Discard(), lambda: mapped, expected_digest, repeats)
         for lock_threads in (1, 2):
             for readahead in (2048 * MiB, 8192 * MiB):
-                opts = dataclasses.replace(mapped, register_threads=lock_threads, readahead_bytes=readahead)
+                opts = dataclasses.replace(
+                    mapped, bounce_share=0.0, register_threads=lock_threads, readahead_bytes=readahead
+                )
                 r = _pipeline(path, stand_in, lambda o=opts: o, expected_digest, 3)  # type: ignore[misc]
                 sweep.append({"path": "mapped", "lock_threads": lock_threads, "readahead_MiB": readahead // MiB, **r})
-        # The experimental knobs (issue 8's next step): unlock on a thread of its own, hash on the GPU.
-        # With the hash on the GPU the host only locks (measured 2026-11-30: 18-19 GB/s whatever the lock
-        # pool's width or the window size, so locking itself is the bound there).
+        # Locking in place with unlocking on its own thread, hashed on the host or on the GPU (with the
+        # hash on the GPU the host only locks: 17-19.5 GB/s whatever the lock pool's width or the window
+        # size on 2026-11-30, so locking itself is the bound there).
         experiments = [(True, False, 2, 256, 0.0, 6, 16, 2048), (True, True, 2, 256, 0.0, 6, 16, 2048)]
         # Bounce buffers: windows read on host cores into pinned memory instead of locked in place.
         experiments += [(True, True, 2, 256, 1.0, n, 16, 2048) for n in (10, 12, 14, 16)]
@@ -330,7 +334,7 @@ def measure(path: str, expected_digest: str, repeats: int = 4) -> dict[str, Any]
                 register_threads=lock_threads,
                 window_bytes=window_mib * MiB,
                 bounce_share=share,
-                read_threads=readers,
+                bounce_threads=readers,
                 chunk_bytes=chunk_mib * MiB,
                 readahead_bytes=ahead_mib * MiB,
             )
@@ -448,7 +452,7 @@ def report_lines(stages: dict[str, Any], ceiling_gbps: float) -> list[str]:
                 f"{r['readahead_MiB']} MiB ahead (first load {r['first_s']:.2f} s)"
             )
         elif r["path"] == "mapped":
-            knobs = f"{r['lock_threads']} lock threads, {r['readahead_MiB']} MiB ahead"
+            knobs = f"page-locked in place, {r['lock_threads']} lock threads, {r['readahead_MiB']} MiB ahead"
         else:
             knobs = f"{r['read_threads']} readers, {r['hash_threads'] or 'all'} hash threads"
         lines.append(f"| {r['path']} | {knobs} | {r['GBps_median']:.1f} |")

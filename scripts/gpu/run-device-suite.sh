@@ -11,7 +11,7 @@
 # Call 2 must start within 30 s of call 1 (the machine stays warm that long); call 3 likewise after call 2
 # (it finds /tmp/site there and skips the unpacking; on a cold machine repeat calls 1 and 2 with "bench").
 # Parts: suite (tests/gpu, which also runs tests/contract against the real server), bench
-# (bench/gpu_update.py), loader (bench/loader_stages.py alone: the loader's stages and its experimental
+# (bench/gpu_update.py), loader (bench/loader_stages.py alone: the loader's stages and its
 # switches, no vLLM, ~1 min), all (suite + bench; may not fit one 10-minute call). Results go to $OUT (the
 # device tool brings them back; at most 8 files), else to bench/results/gpu-run.
 set -euo pipefail
