@@ -63,10 +63,12 @@ suite() {
     echo "# $(date -u +%FT%TZ) scripts/gpu/run-device-suite.sh stage2 suite"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     python3 -c 'import torch, vllm, transformers, pytest; print("torch", torch.__version__, "vllm", vllm.__version__, "transformers", transformers.__version__, "pytest", pytest.__version__)'
-    echo "\$ python3 -m pytest tests/gpu -m gpu -rA -p no:cacheprovider"
+    echo "\$ python3 -m pytest ${SUITE_TESTS:-tests/gpu} -m gpu -rA -p no:cacheprovider"
   } > "$out/suite.log" 2>&1
+  # SUITE_TESTS: a subset, e.g. tests/gpu/test_06_eagle3.py (its own server only).
+  # shellcheck disable=SC2086
   ROLLOUTFLEET_GPU_RESULTS=$out timeout "${SUITE_TIMEOUT:-540}" \
-    python3 -m pytest tests/gpu -m gpu -rA -p no:cacheprovider --timeout 150 >> "$out/suite.log" 2>&1 || echo "suite rc=$?" | tee -a "$out/suite.log"
+    python3 -m pytest ${SUITE_TESTS:-tests/gpu} -m gpu -rA -p no:cacheprovider --timeout 150 >> "$out/suite.log" 2>&1 || echo "suite rc=$?" | tee -a "$out/suite.log"
   tail -40 "$out/suite.log"
 }
 

@@ -147,6 +147,65 @@ def write_llama(
     return directory
 
 
+def eagle3_tensor_shapes(shape: LlamaShape) -> dict[str, tuple[int, ...]]:
+    """Checkpoint names and shapes of an EAGLE-3 head for ``shape`` (the layout vLLM's
+    ``Eagle3LlamaForCausalLM`` loads): one decoder layer ``midlayer`` whose attention reads the input
+    embedding and the fused hidden state side by side (2 x hidden), ``fc`` fusing three of the verifier's
+    hidden states, its own norm and LM head over the full vocabulary, and ``d2t``/``t2d`` (the identity
+    vocabulary map). No ``embed_tokens``: vLLM then shares the verifier's."""
+    h, i, d = shape.hidden, shape.intermediate, shape.head_dim
+    p = "midlayer."
+    return {
+        p + "self_attn.q_proj.weight": (shape.heads * d, 2 * h),
+        p + "self_attn.k_proj.weight": (shape.kv_heads * d, 2 * h),
+        p + "self_attn.v_proj.weight": (shape.kv_heads * d, 2 * h),
+        p + "self_attn.o_proj.weight": (h, shape.heads * d),
+        p + "mlp.gate_proj.weight": (i, h),
+        p + "mlp.up_proj.weight": (i, h),
+        p + "mlp.down_proj.weight": (h, i),
+        p + "input_layernorm.weight": (h,),
+        p + "hidden_norm.weight": (h,),
+        p + "post_attention_layernorm.weight": (h,),
+        "fc.weight": (h, 3 * h),
+        "norm.weight": (h,),
+        "lm_head.weight": (shape.vocab, h),
+    }
+
+
+def write_eagle3_head(directory: pathlib.Path, shape: LlamaShape, seed: int, *, std: float = 0.05) -> pathlib.Path:
+    """Write a random-init EAGLE-3 head for a verifier of ``shape`` as a revision directory.
+
+    The verifier's hidden states it fuses are those after the embedding and after each of the first two
+    layers (``eagle_aux_hidden_state_layer_ids`` [0, 1, 2]): vLLM's default picks layers (2, L/2, L-3),
+    which a 2-layer verifier does not have. Random weights make a valid head that proposes poorly; greedy
+    output is the verifier's either way (speculative decoding is lossless), which is what the test uses.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    tensors: dict[str, Any] = {}
+    for name, dims in eagle3_tensor_shapes(shape).items():
+        if len(dims) == 1:
+            tensors[name] = torch.ones(dims, dtype=torch.bfloat16)
+        else:
+            tensors[name] = (torch.randn(dims, generator=gen) * std).to(torch.bfloat16).contiguous()
+    tensors["d2t"] = torch.zeros(shape.vocab, dtype=torch.int64)  # draft id + d2t = target id
+    tensors["t2d"] = torch.ones(shape.vocab, dtype=torch.bool)
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    config = shape.config() | {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "num_hidden_layers": 1,
+        "draft_vocab_size": shape.vocab,
+        "target_hidden_size": shape.hidden,
+        "eagle_aux_hidden_state_layer_ids": [0, 1, 2],
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]},
+    }
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    return directory
+
+
 def copy_revision(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
     """A draft revision equal to its verifier (same bytes): it proposes exactly what the verifier predicts."""
     if dst.exists():
@@ -223,13 +282,15 @@ def serve_command(
     max_model_len: int = 2048,
     num_speculative_tokens: int = 3,
     head_dtype: str | None = "float32",
+    spec_method: str = "draft_model",
     extra: list[str] | None = None,
 ) -> list[str]:
     """The command line of DESIGN.md §4 on loopback (no tokenizer: token-id prompts only).
 
-    ``head_dtype=None`` drops the fp32 LM head override (the parity test measures both).
+    ``head_dtype=None`` drops the fp32 LM head override (the parity test measures both);
+    ``spec_method="eagle3"`` serves ``draft`` as an EAGLE-3 head.
     """
-    spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": num_speculative_tokens}
+    spec = {"method": spec_method, "model": draft, "num_speculative_tokens": num_speculative_tokens}
     head = ["--hf-overrides", json.dumps({"head_dtype": head_dtype})] if head_dtype else []
     return [
         sys.executable,
@@ -282,6 +343,7 @@ def start_server(
     token: str = "gpu-suite-token",
     startup_timeout: float = 420.0,
     head_dtype: str | None = "float32",
+    spec_method: str = "draft_model",
 ) -> Server:
     """Start vLLM and wait for ``/health``; raise with the log's tail if it dies or never answers."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -306,6 +368,7 @@ def start_server(
         gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=max_model_len,
         head_dtype=head_dtype,
+        spec_method=spec_method,
     )
     log.parent.mkdir(parents=True, exist_ok=True)
     out = log.open("ab")
