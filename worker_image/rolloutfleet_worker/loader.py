@@ -2,15 +2,15 @@
 
 Called by ``rolloutfleet_worker.extension`` inside a vLLM worker (and by the unit tests and
 ``bench/gpu_update.py``). Owns the entry point and the choice of pipeline; the pipelines themselves are
-``loader_mapped`` (page-lock the page cache in place and copy from it to GPU staging: a single-GPU engine
-on a platform that allows it) and ``loader_read`` (copy the files into pinned buffers: tensor/pipeline
-parallel engines, platforms that refuse, or ``ROLLOUTFLEET_LOAD_MODE=read``). On the H200 both reach
-~20 GB/s once warm, but the read path's first two loads after start-up pay for fresh pinned allocations
-(2.7 and 6.8 GB/s, slower than stock vLLM), the mapped path none (bench/results/gpu_update.md).
-Either way tensors reach vLLM's own per-model ``load_weights`` (q/k/v stacking, tensor-parallel shards,
-copies into the existing parameters, so CUDA graphs keep their pointers), reading and hashing run ahead
-of the model's copies, and the digest (``rolloutfleet_worker.digest``) covers every tensor of the
-checkpoint, fed or skipped.
+``loader_mapped`` (GPU staging from pinned bounce buffers, or from the page cache locked in place, hashed
+on the GPU: a single-GPU engine on a platform that allows read-only registration) and ``loader_read``
+(copy the files into pinned buffers, hash on the host: tensor/pipeline parallel engines, platforms that
+refuse, or ``ROLLOUTFLEET_LOAD_MODE=read``). On the H200 the mapped path with the worker's defaults loads
+21 GB/s inside vLLM (28-29 GB/s in-process), the read path ~20 GB/s once warm after two slow first loads
+(bench/results/gpu_update.md). Either way tensors reach vLLM's own per-model ``load_weights`` (q/k/v
+stacking, tensor-parallel shards, copies into the existing parameters, so CUDA graphs keep their
+pointers), reading and hashing run ahead of the model's copies, and the digest
+(``rolloutfleet_worker.digest``) covers every tensor of the checkpoint, fed or skipped.
 """
 
 from __future__ import annotations

@@ -1,25 +1,27 @@
-"""The mapped path of the loader: page-lock the checkpoint's page cache in place and copy from it.
+"""The mapped path of the loader: GPU staging from pinned bounce buffers or from the page cache locked in place.
 
-Used by ``loader.stream_into`` for a single-GPU engine whose platform locks read-only mappings (the H200
-host: ``cudaHostRegister`` of an mmap at 42 GB/s, copies from it at the link's 55 GB/s). It spares the
-host copy and the pinned buffers of the read path, so it is as fast on an engine's first load as on
-later ones (the read path's first loads pay for fresh pinned allocations). End to end it measured
-~16-20 GB/s on the H200, not the stages' own speeds: ``cudaHostUnregister`` waits for the copies in
-flight, which stalls the lock pool (bench/results/gpu_update.md). Stages, all running at once:
+Used by ``loader.stream_into`` for a single-GPU engine whose platform locks read-only mappings. The files
+are mapped read-only and walked in windows (``WINDOW_BYTES``); each window reaches the GPU one of two ways,
+interleaved by ``LoadOptions.bounce_share``:
 
-- a scheduler thread page-locks the files' windows (``WINDOW_BYTES``) in order on a small pool, within the
-  read-ahead budget of locked bytes;
-- a copier thread, once a tensor's windows are locked, copies its bytes to a staging tensor on the GPU
-  on a side stream and records an event;
-- a hasher thread hashes each tensor straight from the mapping (one blake3 update, every core);
-- the calling thread makes the model's stream wait for the copy and hands the GPU tensor to
-  ``model.load_weights`` (whose copies into the parameters are then device to device).
+- **bounced** (the worker's default for every window): reader threads ``preadv`` it into a pinned buffer
+  (torch's pinned cache keeps the buffers between loads); costs host cores and host memory bandwidth, which
+  bounds it near 31-34 GB/s on the H200 host;
+- **locked in place**: ``cudaHostRegister`` (read-only) pins the page cache itself; costs no copy, but the
+  driver caps lock + copy near 19 GB/s there however many threads lock, and ``cudaHostUnregister`` waits
+  for the copies in flight (so unlocking can run on a thread of its own).
+
+Stages, all running at once: a scheduler thread readies windows in order within the read-ahead budget; a
+copier thread, once a tensor's windows are ready, copies its bytes to a staging tensor on the GPU on a side
+stream, queues its BLAKE3 there (``blake3_device``, for tensors of 1 MiB and more once the self-test
+passed) and records an event; a hasher thread collects the device digests and hashes the rest on the host
+from the mapping; the calling thread makes the model's stream wait for the copy and hands the GPU tensor to
+``model.load_weights`` (whose copies into the parameters are then device to device).
 
 The model never sees host memory: a loader that edits a tensor in place edits its private GPU copy, and
-the mapping stays read-only (nothing can write the checkpoint, and the DMA reads the same pages the hash
-reads). Windows are unlocked once the copies that read them have finished. A window the driver refuses
-to lock is copied from pageable memory instead (slower, same bytes); a staging tensor the GPU has no room
-for is handed over as a private host copy.
+the mapping stays read-only. Windows are released once the copies that read them have finished. A window
+the driver refuses to lock is copied from pageable memory instead (slower, same bytes); a staging tensor
+the GPU has no room for is handed over as a private host copy.
 """
 
 from __future__ import annotations
