@@ -29,6 +29,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import statistics
 import sys
 import time
@@ -165,6 +166,21 @@ async def stock(client: EngineClient, url: str, path: str, nbytes: int, sleep: b
     return out
 
 
+LOAD_LINE = re.compile(
+    r"loaded (?P<target>verifier|draft) revision (?P<revision>\S+) .*?: (?P<gb>[\d.]+) GB in (?P<s>[\d.]+) s .*?"
+    r"load_weights (?P<model>[\d.]+) s, waiting for tensors (?P<waiting>[\d.]+) s, finishing (?P<finish>[\d.]+) s"
+)
+
+
+def worker_loads(log: pathlib.Path) -> list[dict[str, Any]]:
+    """The worker's own account of each load (its log line): seconds and where they went."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return [
+        {k: (v if k in ("target", "revision") else float(v)) for k, v in m.groupdict().items()}
+        for m in LOAD_LINE.finditer(text)
+    ]
+
+
 def wait_for_warm_up(log: pathlib.Path, limit_s: float) -> dict[str, Any]:
     """Poll the engine's log for the warm-up's last line (bounce buffers ready, or a failure)."""
     deadline = time.monotonic() + limit_s
@@ -229,6 +245,7 @@ async def measure(args: argparse.Namespace, revs: dict[str, str], digests: dict[
                 print(json.dumps(out["stock"][-1]), flush=True)
     finally:
         server.stop()
+        out["worker_loads"] = worker_loads(args.out / "vllm-bench.log")
 
 
 def summarize(out: dict[str, Any]) -> dict[str, Any]:
@@ -289,6 +306,19 @@ def report(out: dict[str, Any]) -> str:
     if s.get("stock_reload_in_place_GBps_median"):
         lines.append(f"| (b) stock `reload_weights` in place | {s['stock_reload_in_place_GBps_median']:.1f} | | |")
     lines += ["", *verdict(out), *stages_section(out)]
+    loads = [r for r in out.get("worker_loads", []) if r["target"] == "verifier"]
+    if loads:
+        lines += [
+            "## Where each verifier load's time went (the worker's log line, seconds)",
+            "",
+            "| revision | total | load_weights' own code | waiting for the next tensor | after load_weights |",
+            "|---|---|---|---|---|",
+            *(
+                f"| {r['revision']} | {r['s']:.3f} | {r['model']:.3f} | {r['waiting']:.3f} | {r['finish']:.3f} |"
+                for r in loads
+            ),
+            "",
+        ]
     lines += ["## Our transaction, per step (seconds)", ""]
     names = list(out["ours"][0]["steps_s"])
     lines.append("| repeat | " + " | ".join(names) + " | total | digests verified | output ok |")

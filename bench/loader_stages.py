@@ -265,7 +265,7 @@ def _pipeline(path: str, model: Any, make_options: Callable[[], Any], expected: 
 
     from rolloutfleet_worker import loader
 
-    seconds, nbytes = [], 0
+    seconds, nbytes, split = [], 0, []
     for _ in range(repeats):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -273,9 +273,11 @@ def _pipeline(path: str, model: Any, make_options: Callable[[], Any], expected: 
         torch.cuda.synchronize()
         seconds.append(time.perf_counter() - t0)
         nbytes = outcome.bytes
+        split.append([outcome.model_seconds, outcome.waiting_seconds, outcome.finish_seconds])
         if outcome.digest != expected:
             raise AssertionError(f"loader digest {outcome.digest} != publisher's {expected}")
-    return {"first_s": seconds[0], **_best_and_median(seconds[1:] or seconds, nbytes)}
+    # split: per load, [load_weights' own time, its waits for tensors, after it returned] in seconds
+    return {"first_s": seconds[0], "split_s": split, **_best_and_median(seconds[1:] or seconds, nbytes)}
 
 
 def measure(path: str, expected_digest: str, repeats: int = 4) -> dict[str, Any]:

@@ -341,7 +341,8 @@ def _load(worker: Any, target: object, path: object, revision: int | None, resto
     except Exception as exc:
         return _fail("load_failed", f"{type(exc).__name__}: {exc}")
     log.info(
-        "rolloutfleet: loaded %s revision %s from %s: %.2f GB in %.3f s (%.1f GB/s, %s path%s%s%s)",
+        "rolloutfleet: loaded %s revision %s from %s: %.2f GB in %.3f s (%.1f GB/s, %s path%s%s%s; "
+        "load_weights %.3f s, waiting for tensors %.3f s, finishing %.3f s)",
         target,
         revision,
         path,
@@ -352,6 +353,9 @@ def _load(worker: Any, target: object, path: object, revision: int | None, resto
         f", {outcome.unpinned_bytes / 1e9:.2f} GB not page-locked" if outcome.unpinned_bytes else "",
         f", {outcome.device_hashed_bytes / 1e9:.2f} GB hashed on the GPU" if outcome.device_hashed_bytes else "",
         f", {outcome.bounced_bytes / 1e9:.2f} GB through bounce buffers" if outcome.bounced_bytes else "",
+        outcome.model_seconds,
+        outcome.waiting_seconds,
+        outcome.finish_seconds,
     )
     slot.revision, slot.digest, slot.path, slot.verified = revision, outcome.digest, path, True
     slot.fingerprint = models.fingerprint(model, exclude)

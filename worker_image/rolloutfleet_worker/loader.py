@@ -66,6 +66,11 @@ class LoadOutcome:
     unpinned_bytes: int = 0  # mapped path: bytes copied from pageable memory (a window was refused)
     device_hashed_bytes: int = 0  # mapped path with gpu_hash: bytes hashed on the GPU
     bounced_bytes: int = 0  # mapped path: bytes read into bounce buffers instead of page-locked in place
+    # Where ``seconds`` went, for the load's log line: inside load_weights' own code, load_weights waiting
+    # for the next tensor (the pipeline behind), and after it returned (last hashes, unlocking, clean-up).
+    model_seconds: float = 0.0
+    waiting_seconds: float = 0.0
+    finish_seconds: float = 0.0
 
 
 def _pipeline(infos: list[digest.TensorInfo], skip: Callable[[str], bool], options: LoadOptions) -> Pipeline:
@@ -101,6 +106,7 @@ def stream_into(
         pipeline.start()
     try:
         fed = _Counter(pipeline.tensors())
+        model_start = time.monotonic()
         try:
             model.load_weights(fed)
         except digest.CheckpointError:
@@ -109,35 +115,44 @@ def stream_into(
             if pipeline.error is not None:
                 raise pipeline.error from exc
             raise LoadWeightsError(f"{type(exc).__name__}: {exc}") from exc
+        model_end = time.monotonic()
         # A loader that stops early must not shorten the digest: read and hash what it did not consume.
         for _ in fed.inner:
             pass
         pipeline.finish()
     finally:
         pipeline.close()
+    end = time.monotonic()
     return LoadOutcome(
         digest=pipeline.builder.hexdigest(),
         bytes=pipeline.builder.bytes,
         tensors=fed.count,
         skipped=sorted(pipeline.skipped),
-        seconds=round(time.monotonic() - start, 6),
+        seconds=round(end - start, 6),
         path=type(pipeline).__name__.removesuffix("Pipeline").lower(),
         unpinned_bytes=getattr(pipeline, "unpinned_bytes", 0),
         device_hashed_bytes=getattr(pipeline, "device_hashed_bytes", 0),
         bounced_bytes=getattr(pipeline, "bounced_bytes", 0),
+        model_seconds=round(model_end - model_start - fed.waited, 6),
+        waiting_seconds=round(fed.waited, 6),
+        finish_seconds=round(end - model_end, 6),
     )
 
 
 class _Counter:
-    """Iterator wrapper counting what ``load_weights`` actually pulled."""
+    """Iterator wrapper counting what ``load_weights`` actually pulled, and how long it waited for it."""
 
     def __init__(self, inner: Iterator[tuple[str, torch.Tensor]]) -> None:
-        self.inner, self.count = inner, 0
+        self.inner, self.count, self.waited = inner, 0, 0.0
 
     def __iter__(self) -> _Counter:
         return self
 
     def __next__(self) -> tuple[str, torch.Tensor]:
-        item = next(self.inner)
+        started = time.monotonic()
+        try:
+            item = next(self.inner)
+        finally:
+            self.waited += time.monotonic() - started
         self.count += 1
         return item

@@ -396,3 +396,20 @@ def test_the_pinning_probe_maps_a_file_of_the_checkpoint(ckpt: Path, monkeypatch
     sample = sorted(ckpt.glob("*.safetensors"))[0]
     assert isinstance(loader_cuda.cuda_pinner(sample), FakePinner)
     assert opened == [str(sample)] and calls == [mmap.PAGESIZE, -1]
+
+
+@pytest.mark.parametrize("options", [loader.LoadOptions(), mapped()], ids=["read", "mapped"])
+def test_the_outcome_says_where_the_time_went(ckpt: Path, options: loader.LoadOptions) -> None:
+    """load_weights' own time, its waits for tensors, and the finish add up to the load's seconds."""
+    import time
+
+    class Slow:
+        def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+            for _ in weights:
+                time.sleep(0.02)
+
+    outcome = loader.stream_into(Slow(), ckpt, options=options)
+    assert outcome.model_seconds >= 0.02 * outcome.tensors
+    assert outcome.waiting_seconds >= 0 and outcome.finish_seconds >= 0
+    parts = outcome.model_seconds + outcome.waiting_seconds + outcome.finish_seconds
+    assert parts <= outcome.seconds + 1e-3 and outcome.seconds - parts < 0.5  # the rest: scan and start
