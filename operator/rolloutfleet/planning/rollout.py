@@ -1,15 +1,16 @@
 """Pure rollout arithmetic: which pods may take their next step now, under the strategy's budget.
 
-Called by ``reconcile.revision`` once per round with every pod's ``transaction.Decision``. Pods already
-out of service always continue (leaving them paused would be worse than any budget); new pods are admitted
-while the budget allows; canaries go first; under ``AllAtOnce`` no pod resumes before every pod is ready
-to (the barrier). Load concurrency (``maxConcurrentLoads``) is enforced by the executor's semaphore.
+Called by ``reconcile.revision`` whenever a step finished, with every pod's ``transaction.Decision``.
+Pods already out of service always continue (leaving them paused would be worse than any budget); new
+pods are admitted while the budget allows; canaries go first; under ``AllAtOnce`` no pod resumes before
+every pod is ready to (the barrier). Load concurrency (``maxConcurrentLoads``) is enforced by the executor's semaphore.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Collection
 
 from rolloutfleet.api.fleet import RolloutType, UpdateMode, UpdateStrategy
 from rolloutfleet.api.revision import StrategyOverride
@@ -56,15 +57,22 @@ def out_of_service(decision: Decision) -> bool:
 
 
 def admit(
-    decisions: dict[str, Decision], order: list[str], plan: Budget, *, gate_open: bool = True
+    decisions: dict[str, Decision],
+    order: list[str],
+    plan: Budget,
+    *,
+    gate_open: bool = True,
+    inflight: Collection[str] = (),
 ) -> dict[str, Decision]:
-    """The decisions to execute this round (a subset of ``decisions``; verdicts are never returned).
+    """The decisions to execute now (a subset of ``decisions``; verdicts are never returned).
 
     ``gate_open`` is False while the canaries still await their parity probe: the rest do not start.
+    ``inflight``: pods whose step is still running (their decision is that step); never chosen again,
+    and a pod pausing counts against the budget already.
     """
     canaries = order[: plan.canary]
     canaries_done = gate_open and all(decisions[p].step == Step.DONE for p in canaries if p in decisions)
-    busy = sum(1 for d in decisions.values() if out_of_service(d))
+    busy = sum(1 for name, d in decisions.items() if out_of_service(d) or (name in inflight and d.step == Step.PAUSE))
     limit = plan.max_unavailable if plan.rollout == RolloutType.ROLLING else len(order)
     barrier_open = all(
         decisions[p].step in (Step.DONE, Step.RESUME) for p in order if p in decisions and p not in canaries
@@ -72,7 +80,7 @@ def admit(
     chosen: dict[str, Decision] = {}
     for name in order:
         decision = decisions.get(name)
-        if decision is None or decision.step in (Step.DONE, Step.UNREACHABLE):
+        if decision is None or decision.step in (Step.DONE, Step.UNREACHABLE) or name in inflight:
             continue
         is_canary = name in canaries
         if decision.step == Step.PAUSE:

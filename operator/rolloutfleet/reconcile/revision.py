@@ -3,10 +3,11 @@
 Called by the per-fleet daemon in ``handlers.wiring`` (and by the crash/benchmark harnesses). A pass:
 observe the fleet's WeightRevisions → select the goal (``planning.revisions``) → read every engine's state
 → decide each pod's next step (``planning.transaction``) → admit steps under the budget
-(``planning.rollout``) → execute them (``executor``) → re-observe, until every pod is at the goal, a
-barrier or budget makes it wait, a failure changes the plan, or a newer revision interrupts. Statuses are
-written as it goes (throttled, only when changed). Nothing here is a cursor: the next pass, in this
-process or a restarted one, derives everything again from the engines.
+(``planning.rollout``) → execute them (``executor``), each pod going on as soon as its own step finished
+→ re-observe what must be, until every pod is at the goal, a barrier or budget makes it wait, a failure
+changes the plan, or a newer revision interrupts. Statuses are written as it goes (throttled, only when
+changed). Nothing here is a cursor: the next pass, in this process or a restarted one, derives everything
+again from the engines.
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ async def _write_revision(ctx: OperatorContext, rev: revisions.Revision, new: We
 
 
 class _Pass:
-    """The rounds of one pass (a class only to keep the many collaborators out of argument lists)."""
+    """The steps of one pass (a class only to keep the many collaborators out of argument lists)."""
 
     def __init__(
         self,
@@ -209,6 +210,9 @@ class _Pass:
         self.key = self.rev.name if self.rev is not None else f"current-{self.goal.revision}"
         self.states: dict[str, engine.EngineState] = {}
         self.stale: set[str] = set(order)  # pods whose state must be read from the engine
+        self.changed: set[str] = set(order)  # pods whose decision must be derived again
+        self.inflight: dict[str, asyncio.Task[None]] = {}  # pods with a step running
+        self.decided_goal: Goal | None = None  # the goal (with reference digests) decisions were made for
         self.verified: set[str] = set()  # pods read from the engine when they were ready to resume or done
         self.decisions: dict[str, Decision] = {}
         self.messages: dict[str, str] = {}
@@ -237,6 +241,9 @@ class _Pass:
         try:
             return await self._rounds()
         finally:
+            for task in self.inflight.values():  # only after an error: every normal exit drains first
+                task.cancel()
+            await asyncio.gather(*self.inflight.values(), return_exceptions=True)
             if self.writer is not None:
                 await asyncio.gather(self.writer, return_exceptions=True)
             with contextlib.suppress(KubeError):
@@ -253,6 +260,9 @@ class _Pass:
             )
 
     async def _rounds(self) -> PassOutcome:
+        """Each pod moves on as soon as its own step finished (no lock-step rounds across the fleet): a
+        slow pod delays only itself, and the strategy's barrier and budget still hold (``rollout.admit``).
+        """
         while True:
             self.timing["rounds"] += 1
             mark = time.monotonic()
@@ -260,8 +270,9 @@ class _Pass:
             self.timing["observe"] += time.monotonic() - mark
             # Verify from the engines themselves before resuming a pod or calling it done.
             # (A pod read right before its resume is verified; the resume's acknowledgement keeps it so.)
-            unverified = {p for p, d in self.decisions.items() if d.step == Step.RESUME} - read
-            unverified |= {p for p, d in self.decisions.items() if d.step == Step.DONE} - read - self.verified
+            settled = {p: d for p, d in self.decisions.items() if p not in self.inflight}
+            unverified = {p for p, d in settled.items() if d.step == Step.RESUME} - read
+            unverified |= {p for p, d in settled.items() if d.step == Step.DONE} - read - self.verified
             self.verified |= {p for p in read if self.decisions[p].step in (Step.RESUME, Step.DONE)}
             if unverified:
                 self.stale |= unverified
@@ -272,21 +283,36 @@ class _Pass:
             await self._parity_probe()
             failed = self._exhausted()
             if failed:
+                await self._drain()
                 await self._write_status(force=True)
                 return await self._give_up(failed)
-            chosen = rollout.admit(self.decisions, self.order, self.plan, gate_open=self._probe_gate_open())
-            if not chosen:
+            chosen = rollout.admit(
+                self.decisions, self.order, self.plan, gate_open=self._probe_gate_open(), inflight=self.inflight
+            )
+            for pod, decision in chosen.items():
+                self.inflight[pod] = asyncio.create_task(self._step(pod, decision))
+            if not self.inflight:
                 await self._write_status(force=True)
                 return PassOutcome(again=False, idle=False)
             mark = time.monotonic()
-            await asyncio.gather(*(self._step(pod, d) for pod, d in chosen.items()))
+            await asyncio.wait(self.inflight.values(), return_when=asyncio.FIRST_COMPLETED)
+            for pod in [p for p, task in self.inflight.items() if task.done()]:
+                self.inflight.pop(pod).result()  # _step handles step errors; anything else is a bug: raise
             self.timing["steps"] += time.monotonic() - mark
             mark = time.monotonic()
             await self._write_status()
             self.timing["status"] += time.monotonic() - mark
             if self.interrupted():
+                await self._drain()
                 await self._write_status(force=True)
                 return PassOutcome(again=True, idle=False)
+
+    async def _drain(self) -> None:
+        """Let the steps still running finish (a step is never abandoned half way by the pass)."""
+        while self.inflight:
+            pod, task = next(iter(self.inflight.items()))
+            await task
+            del self.inflight[pod]
 
     async def _observe(self) -> set[str]:
         """Read the engines whose state is not known from an acknowledgement; decide every pod's step.
@@ -301,13 +327,21 @@ class _Pass:
             except Exception as exc:  # an engine answering garbage is unusable, not fatal to the pass
                 return pod, engine.EngineState.unreachable(f"{type(exc).__name__}: {exc}")
 
-        read = [p for p in self.order if p in self.stale]
+        read = [p for p in self.order if p in self.stale and p not in self.inflight]
         for pod, state in await asyncio.gather(*(one(p) for p in read)):
             self.states[pod] = state
         self.stale.difference_update(read)
+        self.changed.update(read)
         now = time.monotonic()
         goal = verification.with_reference_digests(self.goal, list(self.states.values()))
-        for pod in self.order:
+        # Decide again only where something changed (a read, a finished step), unless the reference
+        # digests moved: then every settled pod's verdict may have.
+        again = self.order if goal != self.decided_goal else [p for p in self.order if p in self.changed]
+        self.decided_goal = goal
+        for pod in again:
+            if pod in self.inflight:
+                continue  # its decision is the step it is running
+            self.changed.discard(pod)
             state = self.states[pod]
             decision = transaction.next_step(goal, state)
             if decision.step == Step.UNREACHABLE:
@@ -414,6 +448,7 @@ class _Pass:
     async def _step(self, pod: str, decision: Decision) -> None:
         limit = self.loads if decision.step in transaction.LOAD_STEPS else contextlib.nullcontext()
         timeouts = self.spec.update_strategy.timeouts
+        self.changed.add(pod)  # whatever happens, its next decision is derived again once it is done
         try:
             async with limit:
                 seconds, load = await executor.execute(self.clients[pod], decision.step, self.goal, timeouts)

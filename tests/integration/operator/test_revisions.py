@@ -161,6 +161,43 @@ def test_all_at_once_sleep_mode_barrier(
     )
 
 
+def test_each_pod_moves_on_without_waiting_for_a_slow_one(
+    sim_fleet: tuple[FollowerThread, pathlib.Path], k8s_api: client.ApiClient, namespace: str
+) -> None:
+    """One engine loads its verifier 2 s slower: the others load their drafts meanwhile (no lock-step
+    rounds), and the AllAtOnce barrier still holds every resume until the slow one is ready."""
+    follower, root = sim_fleet
+    api = client.CustomObjectsApi(k8s_api)
+    make_fleet(api, namespace, root, "pol", 4)
+    wait_engines(api, follower, namespace, 4)
+    slow = follower.call(_slow_first_load(follower, 2.0))
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, "weightrevisions", wrev("step-1", "pol", 1, root))
+    done = eventually(
+        lambda: phase_is(api, namespace, "step-1", "Succeeded", "Failed", "RolledBack"), timeout=120, what="step-1"
+    )
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    calls = {
+        key: {str(e.get("key") or e["step"]): e for e in log if e.get("status") == 200}
+        for key, log in follower.logs().items()
+    }
+    slow_verifier_done = calls[slow]["rolloutfleet_load:verifier"]["t"]
+    others = [c for key, c in calls.items() if key != slow]
+    assert len(others) == 3
+    assert all(c["rolloutfleet_load:draft"]["t0"] < slow_verifier_done for c in others)
+    resumes = [c["resume"]["t"] for c in calls.values()]
+    assert calls[slow]["update_weight_version"]["t"] < min(resumes)  # the barrier
+
+
+async def _slow_first_load(follower: FollowerThread, seconds: float) -> str:
+    from rolloutfleet.sim.config import FaultKind, FaultRule
+
+    sim = follower.follower.sim
+    assert sim is not None
+    key, engine = sorted(sim.engines.items())[0]
+    engine.add_fault(FaultRule(step="rolloutfleet_load", kind=FaultKind.SLOW, delay=seconds, count=1))
+    return str(key)
+
+
 INFLIGHT_ORDER = [
     "pause:keep",
     "rolloutfleet_load:verifier",

@@ -57,6 +57,16 @@ def test_rolling_admits_at_most_max_unavailable() -> None:
     assert set(rollout.admit(d, PODS, plan(rollout=RolloutType.ROLLING, max_unavailable=2))) == {"p-1", "p-2"}
 
 
+def test_pods_with_a_step_running_are_not_chosen_and_a_pause_counts_against_the_budget() -> None:
+    # Pods move on independently, so admission also runs while other pods' steps are still running.
+    d = decisions(*([Step.PAUSE] * 6))
+    rolling = plan(rollout=RolloutType.ROLLING, max_unavailable=2)
+    assert rollout.admit(d, PODS, rolling, inflight={"p-0", "p-1"}) == {}
+    assert set(rollout.admit(d, PODS, rolling, inflight={"p-0"})) == {"p-1"}
+    d = decisions(Step.LOAD_DRAFT, Step.RESUME, Step.RESUME, Step.RESUME, Step.RESUME, Step.RESUME)
+    assert rollout.admit(d, PODS, plan(), inflight={"p-0"}) == {}  # the barrier waits for the running load
+
+
 def test_rolling_resumes_individually() -> None:
     d = decisions(Step.RESUME, Step.LOAD_VERIFIER, Step.PAUSE, Step.PAUSE, Step.PAUSE, Step.PAUSE)
     assert "p-0" in rollout.admit(d, PODS, plan(rollout=RolloutType.ROLLING, max_unavailable=2))
