@@ -222,7 +222,7 @@ class _Pass:
         meta = fleet_body["metadata"]
         self.fleet_labels = (str(meta["namespace"]), str(meta["name"]))
         self.probe_result: ParityProbeResult | None = None
-        self.timing = {"start": time.monotonic(), "rounds": 0, "observe": 0.0, "steps": 0.0, "status": 0.0}
+        self.timing = {"start": time.monotonic(), "iterations": 0, "observe": 0.0, "steps": 0.0, "status": 0.0}
         if self.rev is not None:
             for pod in self.rev.status.pods:  # attempts survive operator restarts through the status
                 prev = memory.attempts.get((self.key, pod.name), 0)
@@ -250,9 +250,9 @@ class _Pass:
                 await self._publish_fleet_pods()
             t = self.timing
             log.info(
-                "pass %s: %d rounds in %.2fs (observe %.2fs, steps %.2fs, status %.2fs)",
+                "pass %s: %d iterations in %.2fs (observe %.2fs, waiting on steps %.2fs, status %.2fs)",
                 self.key,
-                t["rounds"],
+                t["iterations"],
                 time.monotonic() - t["start"],
                 t["observe"],
                 t["steps"],
@@ -264,7 +264,7 @@ class _Pass:
         slow pod delays only itself, and the strategy's barrier and budget still hold (``rollout.admit``).
         """
         while True:
-            self.timing["rounds"] += 1
+            self.timing["iterations"] += 1
             mark = time.monotonic()
             read = await self._observe()
             self.timing["observe"] += time.monotonic() - mark
