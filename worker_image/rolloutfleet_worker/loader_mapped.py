@@ -337,6 +337,10 @@ class MappedPipeline:
                     while not w.locked.wait(POLL):
                         if self.latch.stop.is_set():
                             return
+                # A failed bounce read stops the pipeline before it marks its window ready: never stage
+                # a window that was only partly read.
+                if self.latch.stop.is_set():
+                    return
                 self.to_feed.put(self._stage(t))
                 t.staged.set()
         except StoppedError:

@@ -413,3 +413,39 @@ def test_the_outcome_says_where_the_time_went(ckpt: Path, options: loader.LoadOp
     assert outcome.waiting_seconds >= 0 and outcome.finish_seconds >= 0
     parts = outcome.model_seconds + outcome.waiting_seconds + outcome.finish_seconds
     assert parts <= outcome.seconds + 1e-3 and outcome.seconds - parts < 0.5  # the rest: scan and start
+
+
+def test_a_failed_bounce_read_fails_the_load_and_stages_no_partly_read_tensor(
+    ckpt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rolloutfleet_worker import loader_mapped
+
+    real = loader_mapped.read_into
+    failed: list[tuple[Path, int, int]] = []
+
+    def flaky(fd: int, file: Path, address: int, offset: int, length: int) -> None:
+        if not failed and offset > 0:  # a later piece of some window: the disk answers EIO
+            failed.append((file, offset, length))
+            raise digest.CheckpointError(file, "unreadable: Input/output error")
+        real(fd, file, address, offset, length)
+
+    staged: list[digest.TensorInfo] = []
+    real_stage = loader_mapped.MappedPipeline._stage
+
+    def stage(self: Any, t: Any) -> Any:
+        staged.append(t.info)
+        return real_stage(self, t)
+
+    monkeypatch.setattr(loader_mapped, "read_into", flaky)
+    monkeypatch.setattr(loader_mapped.MappedPipeline, "_stage", stage)
+    model = Recorder()
+    opts = mapped(window_bytes=mmap.PAGESIZE, readahead_bytes=1, bounce_share=1.0, chunk_bytes=256, bounce_threads=1)
+    with pytest.raises(digest.CheckpointError, match="Input/output error"):
+        loader.stream_into(model, ckpt, options=opts)
+    file, offset, _length = failed[0]
+    lo = offset // mmap.PAGESIZE * mmap.PAGESIZE  # the one-page window the failed piece belongs to
+    for info in staged:  # nothing from that window reached GPU staging, let alone the model
+        assert info.file != file or not (info.offset < lo + mmap.PAGESIZE and lo < info.offset + info.nbytes), info
+    want = expected(ckpt)
+    assert all(torch.equal(tensor, want[name]) for name, tensor in model.seen.items())
+    assert pipeline_threads() == []
