@@ -141,14 +141,15 @@ def _positive_env(name: str) -> int | None:
     return int(raw) if raw.isdigit() and int(raw) > 0 else None
 
 
-def load_options(pin: bool, world_size: int = 1, sample: Path | None = None) -> Any:
+def load_options(pin: bool, world_size: int = 1, sample: Path | None = None, *, probe: bool = True) -> Any:
     """The loader's options from ROLLOUTFLEET_LOAD_* / ROLLOUTFLEET_HASH_THREADS (worker_image/README.md).
 
     The mapped path (GPU staging; windows read into pinned bounce buffers, or page-locked in place) for a
     single-rank engine on a GPU whose platform locks a read-only mapping of ``sample`` (a file of the
     checkpoint being loaded; probed once per process), unless ``ROLLOUTFLEET_LOAD_MODE=read``; otherwise
     the read path. Defaults are the fastest measured on the H200 (bench/results/gpu_update.md): every
-    window bounced, the hash on the GPU, unlocking on its own thread.
+    window bounced, the hash on the GPU, unlocking on its own thread. ``probe=False`` skips the
+    page-locking probe (no pinner): the warm-up must not decide it on a file that is not the checkpoint's.
     """
     from rolloutfleet_worker import loader, loader_cuda
 
@@ -156,7 +157,7 @@ def load_options(pin: bool, world_size: int = 1, sample: Path | None = None) -> 
     mode = os.environ.get(MODE_ENV, "auto").strip() or "auto"
     if mode not in ("auto", "mapped", "read"):
         mode = "auto"
-    pinner = loader_cuda.cuda_pinner(sample) if pin and world_size == 1 and mode != "read" else None
+    pinner = loader_cuda.cuda_pinner(sample) if probe and pin and world_size == 1 and mode != "read" else None
     return loader.LoadOptions(
         pin=pin,
         mode=mode,  # type: ignore[arg-type]
@@ -206,7 +207,7 @@ def _warm_up_once(worker: Any) -> None:
     verifier, _draft, _shared_names = _shared(worker)
     if verifier is None or not models.on_cuda(verifier) or models.world_size() != 1:
         return  # the read path runs there: nothing to warm
-    options = load_options(pin=True)
+    options = load_options(pin=True, probe=False)
     if options.mode == "read":
         return
     sizes = []

@@ -449,3 +449,12 @@ def test_a_failed_bounce_read_fails_the_load_and_stages_no_partly_read_tensor(
     want = expected(ckpt)
     assert all(torch.equal(tensor, want[name]) for name, tensor in model.seen.items())
     assert pipeline_threads() == []
+
+
+def test_the_warm_up_options_do_not_probe_page_locking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe is cached per process: it must run on a file of the checkpoint, not on the warm-up's."""
+    from rolloutfleet_worker import extension, loader_cuda
+
+    monkeypatch.setattr(loader_cuda, "cuda_pinner", lambda sample=None: pytest.fail("probed"))
+    opts: Any = extension.load_options(pin=True, probe=False)
+    assert opts.pinner is None and opts.bounce_share == 1.0
