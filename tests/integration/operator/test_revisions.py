@@ -120,6 +120,9 @@ def test_all_at_once_sleep_mode_barrier(
     api = client.CustomObjectsApi(k8s_api)
     make_fleet(api, namespace, root, "pol", 8, maxConcurrentLoads=3)
     wait_engines(api, follower, namespace, 8)
+    # Loads of a few ms rarely overlap by chance now that each pod moves on by itself; 0.3 s loads make
+    # "the cap was used" a property of admission, not of timing.
+    follower.call(_slow_loads(follower, 0.3))
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, "weightrevisions", wrev("step-1", "pol", 1, root))
     done = eventually(
         lambda: phase_is(api, namespace, "step-1", "Succeeded", "Failed", "RolledBack"),
@@ -188,6 +191,16 @@ def test_each_pod_moves_on_without_waiting_for_a_slow_one(
     assert calls[slow]["update_weight_version"]["t"] < min(resumes)  # the barrier
 
 
+async def _slow_loads(follower: FollowerThread, seconds: float) -> None:
+    """Every engine's every load takes ``seconds`` longer."""
+    from rolloutfleet.sim.config import FaultKind, FaultRule
+
+    sim = follower.follower.sim
+    assert sim is not None
+    for engine in sim.engines.values():
+        engine.add_fault(FaultRule(step="rolloutfleet_load", kind=FaultKind.SLOW, delay=seconds, count=None))
+
+
 async def _slow_first_load(follower: FollowerThread, seconds: float) -> str:
     from rolloutfleet.sim.config import FaultKind, FaultRule
 
@@ -214,6 +227,7 @@ def test_rolling_inflight_then_bad_path_rolls_back(
     api = client.CustomObjectsApi(k8s_api)
     make_fleet(api, namespace, root, "pol", 8, mode="inflight", rollout="Rolling", maxUnavailable=2)
     wait_engines(api, follower, namespace, 8)
+    follower.call(_slow_loads(follower, 0.2))  # long enough that two pods are surely out of service at once
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, "weightrevisions", wrev("step-1", "pol", 1, root))
     done = eventually(
         lambda: phase_is(api, namespace, "step-1", "Succeeded", "Failed", "RolledBack"), timeout=120, what="step-1"
