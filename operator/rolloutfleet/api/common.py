@@ -20,13 +20,21 @@ GROUP = "rolloutfleet.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 
-# Absolute, no `..` segment, no empty segment, bounded (CEL cost estimation needs bounds on strings).
-ABSOLUTE_PATH_PATTERN = r"^/([^/\x00]+/?)*$"
+# Absolute, no empty segment, no control character (NUL..US, DEL: they end up in logs, events and the
+# engine's command line), bounded (CEL cost estimation needs bounds on strings).
+ABSOLUTE_PATH_PATTERN = r"^/([^/\x00-\x1f\x7f]+/?)*$"
 PATH_MAX_LENGTH = 4096
+# No `..` and no `.` segment: a path names one directory in one spelling, so prefix rules (allowed roots,
+# refused mount paths) cannot be walked around with `/weights/../etc` or `/./proc`.
 NO_DOTDOT_RULE: JsonDict = {
     "rule": "!self.matches('(^|/)[.][.](/|$)')",
     "message": "must not contain a '..' segment",
 }
+NO_DOT_RULE: JsonDict = {
+    "rule": "!self.matches('(^|/)[.](/|$)')",
+    "message": "must not contain a '.' segment",
+}
+PATH_RULES: list[pydantic.JsonValue] = [NO_DOTDOT_RULE, NO_DOT_RULE]
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 AbsolutePath = Annotated[
@@ -34,7 +42,7 @@ AbsolutePath = Annotated[
     Field(
         pattern=ABSOLUTE_PATH_PATTERN,
         max_length=PATH_MAX_LENGTH,
-        json_schema_extra={"x-kubernetes-validations": [NO_DOTDOT_RULE]},
+        json_schema_extra={"x-kubernetes-validations": PATH_RULES},
     ),
 ]
 

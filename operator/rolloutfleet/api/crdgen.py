@@ -148,6 +148,9 @@ def _crd(
             "status": {k: v for k, v in properties["status"].items() if k != "default"},
         },
     }
+    if "x-kubernetes-validations" in full:
+        # Root rules: the only place CEL sees metadata.name (and the stored status, for transition rules).
+        root["x-kubernetes-validations"] = full["x-kubernetes-validations"]
     subresources: JSON = {"status": {}}
     if scale:
         subresources["scale"] = {

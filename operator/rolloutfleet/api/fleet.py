@@ -6,19 +6,26 @@ the semantic rules that the schema cannot express live in ``validation``.
 
 from __future__ import annotations
 
+import datetime
 import enum
-from typing import Any
+from typing import Annotated, Any
 
 import pydantic
 from pydantic import ConfigDict, Field
 
-from rolloutfleet.api import common
+from rolloutfleet.api import common, vllm_flags
 from rolloutfleet.api.common import AbsolutePath, Condition, JsonDict, WireModel
 
 KIND = "RolloutFleet"
 PLURAL = "rolloutfleets"
 SINGULAR = "rolloutfleet"
 SHORT_NAMES = ["rfleet"]
+
+# The fleet's name names its children (resources/labels.py): the StatefulSet `<name>`, whose pods carry the
+# label `controller-revision-hash: <name>-<hash of up to 10 characters>` (a label value: at most 63), and
+# the Services `<name>` and `<name>-engines` (DNS-1035 labels: a letter first, no dot, at most 63).
+FLEET_NAME_MAX_LENGTH = 52
+FLEET_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 
 class DraftMethod(enum.StrEnum):
@@ -77,7 +84,12 @@ class LogprobsMode(enum.StrEnum):
 class VerifierSpec(WireModel):
     """The policy model the fleet serves at start-up (before any WeightRevision)."""
 
-    path: AbsolutePath = Field(description="Absolute path of the initial checkpoint inside the weights volume.")
+    path: AbsolutePath = Field(
+        description="Absolute path of the initial checkpoint inside the weights volume: revision 0. "
+        "Immutable once the fleet has served it (status.served set), so revision 0 names one checkpoint; "
+        "serve other weights with a WeightRevision, start from another model with a new RolloutFleet. "
+        "Keep it on the volume: restarted pods boot from it."
+    )
     served_model_name: str = Field(
         default="policy",
         min_length=1,
@@ -92,7 +104,8 @@ class DraftSpec(WireModel):
     method: DraftMethod = Field(default=DraftMethod.NONE, description="Draft method; `none` disables speculation.")
     path: AbsolutePath | None = Field(
         default=None,
-        description="Absolute path of the initial draft checkpoint (required unless method is none/mtp).",
+        description="Absolute path of the initial draft checkpoint (required unless method is none/mtp); "
+        "part of revision 0, immutable (set or unset) once the fleet has served it, like verifier.path.",
     )
     num_speculative_tokens: int = Field(default=3, ge=1, le=16, description="Tokens proposed per step.")
     policy: DraftPolicy = Field(
@@ -104,12 +117,75 @@ class DraftSpec(WireModel):
         default=None,
         max_length=71,
         pattern=r"^blake3:[0-9a-f]{64}$",
-        description="Expected digest of a frozen draft (`rolloutfleet digest PATH`); recorded on first load if unset.",
+        description="Expected digest of a frozen draft (`rolloutfleet digest PATH`); recorded on first load if "
+        "unset. Immutable (set or unset) once the fleet has served its draft.",
     )
+
+
+# Mount paths refused for the weights volume. A read-only volume mounted there would hide what the image
+# or the runtime needs: `/` and the image's system directories hide Python and vLLM; /proc, /sys and /dev
+# are kernel filesystems (and /dev/shm is the operator's tensor-parallel shared memory); /etc holds the
+# hosts and resolv.conf files the kubelet manages; /run (= /var/run in most images) and /var hold the
+# operator's control-token mount (resources/labels.py TOKEN_MOUNT_DIR), which cannot be created inside a
+# read-only volume.
+REFUSED_MOUNT_PATHS = ("/", "/var", "/usr", "/bin", "/sbin", "/lib", "/lib64")
+REFUSED_MOUNT_TREES = ("/proc", "/sys", "/dev", "/etc", "/run", "/var/run")
+MOUNT_PATH_RULES: list[pydantic.JsonValue] = [
+    *common.PATH_RULES,
+    {
+        "rule": "!self.matches('^/((" + "|".join(p[1:] for p in REFUSED_MOUNT_PATHS[1:]) + ")/?)?$')",
+        "message": "must not be " + ", ".join(REFUSED_MOUNT_PATHS) + ": the volume would hide the image's files",
+    },
+    {
+        "rule": "!self.matches('^/(" + "|".join(p[1:] for p in REFUSED_MOUNT_TREES) + ")(/|$)')",
+        "message": "must not be at or under " + ", ".join(REFUSED_MOUNT_TREES) + ": kernel and runtime "
+        "filesystems, and the operator's own mounts",
+    },
+]
+MountPath = Annotated[
+    str,
+    Field(
+        pattern=common.ABSOLUTE_PATH_PATTERN,
+        max_length=common.PATH_MAX_LENGTH,
+        json_schema_extra={"x-kubernetes-validations": MOUNT_PATH_RULES},
+    ),
+]
+# The engines receive the allowed roots ':'-separated (ROLLOUTFLEET_WEIGHT_ROOTS, resources/command.py):
+# a ':' inside a root would split it into two, the second anywhere.
+ROOT_SEPARATOR = ":"
+ALLOWED_ROOT_RULES: list[pydantic.JsonValue] = [
+    *common.PATH_RULES,
+    {
+        "rule": f"!self.contains('{ROOT_SEPARATOR}')",
+        "message": f"must not contain '{ROOT_SEPARATOR}': the engines receive the roots '{ROOT_SEPARATOR}'-separated",
+    },
+]
+AllowedRoot = Annotated[
+    str,
+    Field(
+        pattern=common.ABSOLUTE_PATH_PATTERN,
+        max_length=common.PATH_MAX_LENGTH,
+        json_schema_extra={"x-kubernetes-validations": ALLOWED_ROOT_RULES},
+    ),
+]
+WEIGHTS_VOLUME_RULES: list[pydantic.JsonValue] = [
+    {
+        # `r + '/'` against `mountPath + '/'`: at or under, whichever side has a trailing slash; segments
+        # `.` and `..` are refused on both, so a prefix is a directory.
+        "rule": "self.allowedRoots.all(r, (r + '/').startsWith("
+        "self.mountPath.endsWith('/') ? self.mountPath : self.mountPath + '/'))",
+        "message": "every allowedRoots entry must be mountPath or under it",
+        "fieldPath": ".allowedRoots",
+    },
+]
 
 
 class WeightsVolume(WireModel):
     """Where checkpoints live: a PVC mounted read-only into every pod."""
+
+    model_config = ConfigDict(
+        **WireModel.model_config, json_schema_extra={"x-kubernetes-validations": WEIGHTS_VOLUME_RULES}
+    )
 
     claim_name: str = Field(
         min_length=1,
@@ -117,11 +193,15 @@ class WeightsVolume(WireModel):
         pattern=common.NAME_PATTERN,
         description="PersistentVolumeClaim holding the weights.",
     )
-    mount_path: AbsolutePath = Field(default="/weights", description="Where the volume is mounted in the pods.")
-    allowed_roots: list[AbsolutePath] = Field(
+    mount_path: MountPath = Field(
+        default="/weights",
+        description="Where the volume is mounted in the pods; not /, nor a system directory "
+        "(" + ", ".join((*REFUSED_MOUNT_PATHS[1:], *REFUSED_MOUNT_TREES)) + ").",
+    )
+    allowed_roots: list[AllowedRoot] = Field(
         min_length=1,
         max_length=16,
-        description="Checkpoint paths of revisions must lie under one of these directories.",
+        description="Checkpoint paths of revisions must lie under one of these directories (each under mountPath).",
     )
 
 
@@ -190,10 +270,31 @@ class ParityProfile(WireModel):
     batch_invariant: bool = Field(default=False, description="Set VLLM_BATCH_INVARIANT=1 (deterministic, slower).")
 
 
+ENV_NAME_RULES: list[pydantic.JsonValue] = [
+    {
+        "rule": f"!self.startsWith('{vllm_flags.OPERATOR_ENV_PREFIX}')"
+        + "".join(f" || self.startsWith('{prefix}')" for prefix in vllm_flags.USER_ENV_PREFIXES)
+        + "".join(f" || self == '{name}'" for name in sorted(vllm_flags.USER_ENV_NAMES)),
+        "message": f"{vllm_flags.OPERATOR_ENV_PREFIX}* variables are reserved for the operator, except the "
+        "loader's " + ", ".join((*(f"{p}*" for p in vllm_flags.USER_ENV_PREFIXES), *sorted(vllm_flags.USER_ENV_NAMES))),
+    },
+    {
+        "rule": "!(self in [" + ", ".join(f"'{name}'" for name in sorted(vllm_flags.REFUSED_ENV)) + "])",
+        "message": " ".join(f"{name} {why}." for name, why in sorted(vllm_flags.REFUSED_ENV.items())),
+    },
+]
+
+
 class EnvVar(WireModel):
     """A plain environment variable for the engine container."""
 
-    name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Variable name.")
+    name: str = Field(
+        min_length=1,
+        max_length=256,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Variable name; not one the operator sets or that opens the engine up.",
+        json_schema_extra={"x-kubernetes-validations": ENV_NAME_RULES},
+    )
     value: str = Field(default="", max_length=32768, description="Variable value.")
 
 
@@ -275,13 +376,29 @@ class RolloutFleetSpec(WireModel):
         max_length=256,
         description="Extra vLLM arguments; must not contradict the parity profile.",
     )
-    env: list[EnvVar] = Field(default_factory=list, max_length=128, description="Extra environment variables.")
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Extra environment variables, one entry per name.",
+        # A map keyed by name: the API server refuses a duplicate on the fleet itself, instead of the
+        # StatefulSet apply failing later ("duplicate entries for key").
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
     resources: Resources = Field(default_factory=Resources, description="Extra container resources.")
     scheduling: Scheduling = Field(default_factory=Scheduling, description="Node selection and priority.")
     network: NetworkAccess = Field(default_factory=NetworkAccess, description="NetworkPolicy client selection.")
     startup_timeout_seconds: int = Field(
         default=3600, ge=60, le=86400, description="Budget of the startup probe (model load at start)."
     )
+
+
+def sleep_mode_enabled(spec: RolloutFleetSpec) -> bool:
+    """Whether the fleet's engines start with vLLM's sleep mode (``--enable-sleep-mode``).
+
+    Only a fleet whose update mode is ``sleep`` starts them so; an engine started without it cannot sleep,
+    so a revision may ask for ``mode: sleep`` only on such a fleet.
+    """
+    return spec.update_strategy.mode == UpdateMode.SLEEP
 
 
 class PodState(WireModel):
@@ -299,6 +416,23 @@ class PodState(WireModel):
     weight_version: str | None = Field(default=None, description="Weight version stamped on outputs.")
 
 
+class ServedWeights(WireModel):
+    """What the fleet serves, recorded when a revision completes; steady state and rollbacks use it, so
+    deleting WeightRevision objects never changes what is served."""
+
+    revision: int = Field(ge=0, description="Revision the fleet serves: 0 for the initial weights.")
+    name: str | None = Field(
+        default=None, max_length=253, description="The WeightRevision object that brought it (unset for 0)."
+    )
+    verifier_path: str = Field(max_length=common.PATH_MAX_LENGTH, description="Verifier checkpoint served.")
+    verifier_digest: str | None = Field(default=None, max_length=71, description="Its digest, if known.")
+    draft_path: str | None = Field(
+        default=None, max_length=common.PATH_MAX_LENGTH, description="Draft checkpoint served, if any."
+    )
+    draft_digest: str | None = Field(default=None, max_length=71, description="Its digest, if known.")
+    since: datetime.datetime | None = Field(default=None, description="When the fleet started serving it.")
+
+
 class RolloutFleetStatus(WireModel):
     """Observed state of a fleet."""
 
@@ -312,6 +446,11 @@ class RolloutFleetStatus(WireModel):
     )
     target_revision: int | None = Field(default=None, description="Revision being rolled out, if any.")
     frozen_draft_digest: str | None = Field(default=None, description="Digest recorded for a frozen draft.")
+    served: ServedWeights | None = Field(
+        default=None,
+        description="What the fleet serves, recorded when a revision completes; steady state and rollbacks "
+        "use it, so deleting WeightRevision objects never changes what is served.",
+    )
     pods: list[PodState] = Field(
         default_factory=list,
         description="Per-pod state.",
@@ -324,8 +463,51 @@ class RolloutFleetStatus(WireModel):
     )
 
 
+_ONCE_SERVED = "!has(oldSelf.status) || !has(oldSelf.status.served) || "
+
+
+def _unchanged(field: str) -> str:
+    """CEL: an optional spec field is set on both sides with one value, or unset on both."""
+    new, old = f"self.spec.{field}", f"oldSelf.spec.{field}"
+    return f"(has({new}) == has({old}) && (!has({new}) || {new} == {old}))"
+
+
+# Rules at the root, where CEL sees metadata.name (and, for transition rules, the stored status).
+FLEET_RULES: list[pydantic.JsonValue] = [
+    {
+        "rule": f"self.metadata.name.size() <= {FLEET_NAME_MAX_LENGTH}",
+        "message": f"metadata.name must be at most {FLEET_NAME_MAX_LENGTH} characters: the StatefulSet's pods carry "
+        "the label controller-revision-hash=<name>-<hash>, at most 63 characters",
+    },
+    {
+        "rule": f"self.metadata.name.matches('{FLEET_NAME_PATTERN}')",
+        "message": "metadata.name must be a DNS-1035 label (a lower-case letter first, then letters, digits "
+        "and '-', no '.'): the fleet's Services are named after it",
+    },
+    {
+        "rule": _ONCE_SERVED + "self.spec.verifier.path == oldSelf.spec.verifier.path",
+        "message": "is immutable once the fleet has served it (status.served is set): it is revision 0; "
+        "publish a WeightRevision to serve other weights, or create a new RolloutFleet",
+        "fieldPath": ".spec.verifier.path",
+    },
+    {
+        "rule": _ONCE_SERVED + _unchanged("draft.path"),
+        "message": "is immutable (set or unset) once the fleet has served it (status.served is set): it is "
+        "revision 0's draft; create a new RolloutFleet to change it",
+        "fieldPath": ".spec.draft.path",
+    },
+    {
+        "rule": _ONCE_SERVED + _unchanged("draft.digest"),
+        "message": "is immutable (set or unset) once the fleet has served its draft (status.served is set)",
+        "fieldPath": ".spec.draft.digest",
+    },
+]
+
+
 class RolloutFleet(WireModel):
     """A fleet of vLLM GPU pods that serve one policy and move between WeightRevisions."""
+
+    model_config = ConfigDict(**WireModel.model_config, json_schema_extra={"x-kubernetes-validations": FLEET_RULES})
 
     spec: RolloutFleetSpec
     status: RolloutFleetStatus | None = None

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import datetime
 import enum
+from typing import Annotated
 
-from pydantic import Field
+import pydantic
+from pydantic import ConfigDict, Field
 
 from rolloutfleet.api import common
 from rolloutfleet.api.common import AbsolutePath, Condition, JsonDict, LocalObjectReference, WireModel
@@ -22,6 +24,17 @@ SHORT_NAMES = ["wrev"]
 
 DIGEST_PATTERN = r"^blake3:[0-9a-f]{64}$"
 IMMUTABLE_RULE: JsonDict = {"rule": "self == oldSelf", "message": "is immutable"}
+# A source is immutable: one revision number names one set of checkpoints, so a change is a new revision.
+SOURCE_IMMUTABLE_RULE: JsonDict = {
+    "rule": "self == oldSelf",
+    "message": "is immutable: a revision's weights never change under its number; publish a new revision",
+}
+# A training step or a millisecond timestamp fits; 2^62 (accepted before) would block every later revision.
+MAX_REVISION = 10**15
+TOKEN_ID_MAX = 2**31 - 1
+
+TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
+Logprob = Annotated[float, Field(le=0.0, allow_inf_nan=False)]
 
 
 class WeightSource(WireModel):
@@ -39,11 +52,17 @@ class WeightSource(WireModel):
 class ParityProbe(WireModel):
     """A check computed by the trainer: processed logprobs of a fixed token sequence."""
 
-    prompt_token_ids: list[int] = Field(min_length=1, max_length=4096, description="Prompt token ids.")
-    expected_logprobs: list[float] = Field(
-        min_length=1, max_length=4096, description="Expected processed logprob of each greedy output token."
+    prompt_token_ids: list[TokenId] = Field(
+        min_length=1, max_length=4096, description="Prompt token ids (vocabulary indices, 0..2^31-1)."
     )
-    tolerance: float = Field(default=0.02, ge=0.0, le=10.0, description="Maximum absolute difference allowed.")
+    expected_logprobs: list[Logprob] = Field(
+        min_length=1,
+        max_length=4096,
+        description="Expected processed logprob of each greedy output token (finite, <= 0).",
+    )
+    tolerance: float = Field(
+        default=0.02, ge=0.0, le=10.0, allow_inf_nan=False, description="Maximum absolute difference allowed."
+    )
 
 
 class StrategyOverride(WireModel):
@@ -60,8 +79,23 @@ class StrategyOverride(WireModel):
     canary: int | None = Field(default=None, ge=0, le=100000, description="Pods updated and probed first.")
 
 
+# Field rules do not run when the field is absent on either side: adding or removing an optional source
+# is caught here.
+SPEC_RULES: list[pydantic.JsonValue] = [
+    {
+        "rule": f"has(self.{field}) == has(oldSelf.{field})",
+        "message": f"{field} cannot be added or removed: a revision's weights never change under its number; "
+        "publish a new revision",
+        "fieldPath": f".{field}",
+    }
+    for field in ("draft", "parityProbe")
+]
+
+
 class WeightRevisionSpec(WireModel):
-    """Desired weights for a fleet."""
+    """Desired weights for a fleet; everything but ``strategy`` is immutable."""
+
+    model_config = ConfigDict(**WireModel.model_config, json_schema_extra={"x-kubernetes-validations": SPEC_RULES})
 
     fleet_ref: LocalObjectReference = Field(
         description="The RolloutFleet (same namespace) this revision is for; immutable.",
@@ -69,16 +103,33 @@ class WeightRevisionSpec(WireModel):
     )
     revision: int = Field(
         ge=0,
-        description="Monotonic revision number, e.g. the training step; immutable.",
+        le=MAX_REVISION,
+        description="Monotonic revision number, e.g. the training step (at most 10^15); immutable.",
         json_schema_extra={"x-kubernetes-validations": [IMMUTABLE_RULE]},
     )
-    verifier: WeightSource = Field(description="Verifier (policy) checkpoint.")
+    verifier: WeightSource = Field(
+        description="Verifier (policy) checkpoint; immutable.",
+        json_schema_extra={"x-kubernetes-validations": [SOURCE_IMMUTABLE_RULE]},
+    )
     draft: WeightSource | None = Field(
         default=None,
-        description="Draft checkpoint; required when the fleet co-updates a draft with its own weights.",
+        description="Draft checkpoint; required when the fleet co-updates a draft with its own weights; immutable.",
+        json_schema_extra={"x-kubernetes-validations": [SOURCE_IMMUTABLE_RULE]},
     )
-    parity_probe: ParityProbe | None = Field(default=None, description="Optional parity check on canary pods.")
-    strategy: StrategyOverride | None = Field(default=None, description="Optional override of the fleet's strategy.")
+    parity_probe: ParityProbe | None = Field(
+        default=None,
+        description="Optional parity check on canary pods; immutable (it is computed for these weights).",
+        json_schema_extra={"x-kubernetes-validations": [SOURCE_IMMUTABLE_RULE]},
+    )
+    allow_older: bool = Field(
+        default=False,
+        description="Deliberate rollback: roll this revision even when its number is not newer than what the "
+        "fleet serves; the fleet then serves this number, and later revisions must be newer than it. Immutable.",
+        json_schema_extra={"x-kubernetes-validations": [IMMUTABLE_RULE]},
+    )
+    strategy: StrategyOverride | None = Field(
+        default=None, description="Optional override of the fleet's strategy (how to roll; may change)."
+    )
 
 
 class Phase(enum.StrEnum):

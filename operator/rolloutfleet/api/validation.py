@@ -14,7 +14,7 @@ import re
 import pydantic
 
 from rolloutfleet.api import fleet, revision, vllm_flags
-from rolloutfleet.api.fleet import DraftMethod, DraftPolicy, RolloutFleetSpec
+from rolloutfleet.api.fleet import DraftMethod, DraftPolicy, RolloutFleetSpec, UpdateMode
 from rolloutfleet.api.revision import WeightRevisionSpec
 
 
@@ -72,14 +72,61 @@ def check_path(path: str, field: str, allowed_roots: list[str]) -> list[FieldErr
         return [FieldError(field, "must be an absolute path")]
     if ".." in path.split("/"):
         return [FieldError(field, "must not contain a '..' segment")]
+    if "." in path.split("/"):
+        return [FieldError(field, "must not contain a '.' segment")]
     if not any(is_under(path, root) for root in allowed_roots):
         return [FieldError(field, f"must be under one of spec.weights.allowedRoots ({', '.join(allowed_roots)})")]
     return []
 
 
-def validate_fleet(spec: RolloutFleetSpec) -> list[FieldError]:
-    """Rules of a fleet spec beyond its schema."""
+def validate_fleet_name(name: str) -> list[FieldError]:
+    """The fleet's name must fit the names of its children (see ``fleet.FLEET_NAME_MAX_LENGTH``)."""
+    why = "the fleet's Services are named after it"
     errors: list[FieldError] = []
+    if len(name) > fleet.FLEET_NAME_MAX_LENGTH:
+        errors.append(
+            FieldError(
+                "metadata.name",
+                f"must be at most {fleet.FLEET_NAME_MAX_LENGTH} characters ({len(name)}): the StatefulSet's pods "
+                "carry the label controller-revision-hash=<name>-<hash>, at most 63 characters",
+            )
+        )
+    if not ("a" <= name[:1] <= "z"):
+        errors.append(FieldError("metadata.name", f"must start with a letter: {why}"))
+    if set(name) - _NAME_CHARS:
+        errors.append(
+            FieldError("metadata.name", f"must consist of lower-case letters, digits and '-' (no '.'): {why}")
+        )
+    elif name.endswith("-"):
+        errors.append(FieldError("metadata.name", f"must end with a letter or a digit: {why}"))
+    return errors
+
+
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
+
+
+def check_mount_path(path: str, field: str) -> list[FieldError]:
+    """The weights volume must not hide the image's files nor the kernel's, the runtime's or ours."""
+    if not path.startswith("/"):
+        return [FieldError(field, "must be an absolute path")]
+    norm = posixpath.normpath(path)
+    if norm in fleet.REFUSED_MOUNT_PATHS:
+        return [FieldError(field, f"must not be {norm}: the read-only volume would hide the image's files")]
+    for tree in fleet.REFUSED_MOUNT_TREES:
+        if is_under(norm, tree):
+            return [
+                FieldError(
+                    field,
+                    f"must not be at or under {tree}: kernel and runtime filesystems, and the operator's own "
+                    "mounts (/dev/shm, the control token under /var/run), live there",
+                )
+            ]
+    return []
+
+
+def validate_fleet(spec: RolloutFleetSpec, *, name: str | None = None) -> list[FieldError]:
+    """Rules of a fleet spec beyond its schema; with ``name``, also the rules on the fleet's name."""
+    errors: list[FieldError] = [] if name is None else validate_fleet_name(name)
     if spec.gpus_per_pod % spec.tensor_parallel_size != 0:
         errors.append(
             FieldError(
@@ -88,10 +135,19 @@ def validate_fleet(spec: RolloutFleetSpec) -> list[FieldError]:
                 f"({spec.tensor_parallel_size})",
             )
         )
+    errors += check_mount_path(spec.weights.mount_path, "spec.weights.mountPath")
     roots = spec.weights.allowed_roots
     if not roots:
         errors.append(FieldError("spec.weights.allowedRoots", "must list at least one directory"))
     for index, root in enumerate(roots):
+        if fleet.ROOT_SEPARATOR in root:
+            errors.append(
+                FieldError(
+                    f"spec.weights.allowedRoots[{index}]",
+                    f"must not contain '{fleet.ROOT_SEPARATOR}': the engines receive the roots "
+                    f"'{fleet.ROOT_SEPARATOR}'-separated",
+                )
+            )
         if not is_under(root, spec.weights.mount_path):
             errors.append(
                 FieldError(
@@ -116,6 +172,7 @@ def validate_fleet(spec: RolloutFleetSpec) -> list[FieldError]:
         errors.append(FieldError("spec.draft.digest", "is only used with spec.draft.policy frozen"))
     errors += _validate_max_unavailable(spec.update_strategy.max_unavailable, "spec.updateStrategy.maxUnavailable")
     errors += validate_extra_args(spec)
+    errors += validate_env(spec)
     return errors
 
 
@@ -131,30 +188,67 @@ def _validate_max_unavailable(value: int | str | None, field: str) -> list[Field
 
 
 def validate_extra_args(spec: RolloutFleetSpec) -> list[FieldError]:
-    """Extra vLLM args must not override operator-owned flags, nor contradict an enabled parity profile."""
+    """Extra vLLM args must not override operator-owned flags, nor contradict an enabled parity profile.
+
+    Every spelling vLLM's parser accepts counts (``vllm_flags.names_flag``): ``-tp 2``,
+    ``--tensor_parallel_size=2``, ``--speculative-config.method=...``, ``--no-enable-sleep-mode``, prefixes.
+    """
     errors: list[FieldError] = []
     for index, arg in enumerate(spec.extra_args):
         field = f"spec.extraArgs[{index}]"
-        name = vllm_flags.flag_name(arg)
-        if name in vllm_flags.OPERATOR_OWNED or name == vllm_flags.ENABLE_SLEEP_MODE:
-            errors.append(FieldError(field, f"{name} is set by the operator from the spec; remove it"))
+        given = "" if arg.split("=", 1)[0] in (vllm_flags.flag_name(arg), "") else f" (given as {arg!r})"
+        refused = next((flag for flag in vllm_flags.REFUSED if vllm_flags.names_flag(arg, flag)), None)
+        if refused is not None:
+            errors.append(FieldError(field, f"{refused} is refused{given}: {vllm_flags.REFUSED[refused]}"))
+            continue
+        owned = next((flag for flag in sorted(vllm_flags.OPERATOR_OWNED) if vllm_flags.names_flag(arg, flag)), None)
+        if owned is not None:
+            errors.append(FieldError(field, f"{owned} is set by the operator from the spec{given}; remove it"))
             continue
         if not spec.parity.enabled:
             continue
-        for flag in vllm_flags.PARITY_FLAGS:
-            if name in flag.contradicted_by:
+        for parity_flag in vllm_flags.PARITY_FLAGS:
+            contradicted = next((f for f in sorted(parity_flag.contradicted_by) if vllm_flags.names_flag(arg, f)), None)
+            if contradicted is not None:
                 errors.append(
                     FieldError(
                         field,
-                        f"{name} contradicts the parity profile ({flag.why}); "
+                        f"{contradicted} contradicts the parity profile ({parity_flag.why}){given}; "
                         "set spec.parity.enabled: false to pass it",
                     )
                 )
+                break
+    return errors
+
+
+def validate_env(spec: RolloutFleetSpec) -> list[FieldError]:
+    """Extra env must not set what the operator sets or what opens the engine up; one entry per name."""
+    errors: list[FieldError] = []
+    first: dict[str, int] = {}
     for index, env in enumerate(spec.env):
-        if env.name in (vllm_flags.ENV_DEV_MODE,) or (
-            spec.parity.enabled and env.name == vllm_flags.ENV_BATCH_INVARIANT
+        field = f"spec.env[{index}].name"
+        name = env.name
+        if name in first:
+            errors.append(FieldError(field, f"duplicate name {name} (first at spec.env[{first[name]}])"))
+            continue
+        first[name] = index
+        if name in vllm_flags.REFUSED_ENV:
+            errors.append(FieldError(field, f"{name} {vllm_flags.REFUSED_ENV[name]}"))
+        elif (
+            name.startswith(vllm_flags.OPERATOR_ENV_PREFIX)
+            and not name.startswith(vllm_flags.USER_ENV_PREFIXES)
+            and name not in vllm_flags.USER_ENV_NAMES
         ):
-            errors.append(FieldError(f"spec.env[{index}].name", f"{env.name} is set by the operator from the spec"))
+            errors.append(
+                FieldError(
+                    field,
+                    f"{name} is reserved for the operator (only the loader's "
+                    + ", ".join((*(f"{p}*" for p in vllm_flags.USER_ENV_PREFIXES), *sorted(vllm_flags.USER_ENV_NAMES)))
+                    + " may be set)",
+                )
+            )
+        elif spec.parity.enabled and name == vllm_flags.ENV_BATCH_INVARIANT:
+            errors.append(FieldError(field, f"{name} is set by the operator from spec.parity.batchInvariant"))
     return errors
 
 
@@ -188,14 +282,26 @@ def validate_revision(
                 f"is required: the fleet co-updates a {draft.method.value} draft with weights of its own",
             )
         )
-    if current_revision is not None and spec.revision <= current_revision:
+    if current_revision is not None and spec.revision <= current_revision and not spec.allow_older:
         errors.append(
-            FieldError("spec.revision", f"must be newer than the fleet's current revision ({current_revision})")
+            FieldError(
+                "spec.revision",
+                f"must be newer than the fleet's current revision ({current_revision}); "
+                "set spec.allowOlder: true for a deliberate rollback",
+            )
         )
     if spec.parity_probe is not None and len(spec.parity_probe.expected_logprobs) == 0:
         errors.append(FieldError("spec.parityProbe.expectedLogprobs", "must not be empty"))
     if spec.strategy is not None:
         errors += _validate_max_unavailable(spec.strategy.max_unavailable, "spec.strategy.maxUnavailable")
+        if spec.strategy.mode == UpdateMode.SLEEP and not fleet.sleep_mode_enabled(fleet_spec):
+            errors.append(
+                FieldError(
+                    "spec.strategy.mode",
+                    "sleep needs engines started with sleep mode, and the fleet's updateStrategy.mode is "
+                    f"{fleet_spec.update_strategy.mode.value}; use inflight (or change the fleet's mode)",
+                )
+            )
     return errors
 
 

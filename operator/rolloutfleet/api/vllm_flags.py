@@ -1,8 +1,8 @@
 """The one table of vLLM command-line flags and environment variables the operator renders.
 
-Imported by ``resources`` (to render the engine command) and ``validation`` (to refuse extra args that
-contradict the parity profile). vLLM renames flags between releases: change them here, nowhere else.
-Names follow vLLM 0.33 (``vllm serve --help``).
+Imported by ``resources`` (to render the engine command) and ``validation`` (to refuse extra args and
+env that override the operator or contradict the parity profile). vLLM renames flags between releases:
+change them here, nowhere else. Names follow vLLM 0.33 (``vllm serve --help``).
 """
 
 from __future__ import annotations
@@ -22,18 +22,63 @@ NO_ENABLE_PREFIX_CACHING = "--no-enable-prefix-caching"
 ASYNC_SCHEDULING = "--async-scheduling"
 NO_ASYNC_SCHEDULING = "--no-async-scheduling"
 HF_OVERRIDES = "--hf-overrides"
+MODEL = "--model"
+API_KEY = "--api-key"
+CONFIG = "--config"
 
 ENV_DEV_MODE = "VLLM_SERVER_DEV_MODE"
 ENV_BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
+ENV_RUNTIME_LORA = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+ENV_API_KEY = "VLLM_API_KEY"
 
 WORKER_EXTENSION = "rolloutfleet_worker.extension.RolloutFleetExtension"
 AUTH_MIDDLEWARE = "rolloutfleet_worker.auth.ControlAuthMiddleware"
 
 # Flags the operator always owns: an extra arg naming one of them is refused whatever the profile says,
 # because the operator's own value would be silently duplicated or overridden.
+# `--model` too: the model is the positional verifier path, and a second spelling would only confuse.
 OPERATOR_OWNED = frozenset(
-    {PORT, SERVED_MODEL_NAME, TENSOR_PARALLEL_SIZE, WORKER_EXTENSION_CLS, MIDDLEWARE, SPECULATIVE_CONFIG}
+    {
+        PORT,
+        SERVED_MODEL_NAME,
+        TENSOR_PARALLEL_SIZE,
+        WORKER_EXTENSION_CLS,
+        MIDDLEWARE,
+        SPECULATIVE_CONFIG,
+        ENABLE_SLEEP_MODE,
+        MODEL,
+    }
 )
+
+# Flags refused whatever the spec says, with the reason shown to the user.
+REFUSED: dict[str, str] = {
+    API_KEY: "vLLM would then require a key on /v1, where the operator's parity probe sends generation "
+    "requests without one; reach the engines through spec.network instead",
+    CONFIG: "a config file can set the operator's own flags where validation cannot see them; "
+    "list the flags in spec.extraArgs instead",
+}
+
+# vLLM's short aliases (``vllm/engine/arg_utils.py``), so ``-tp 2`` is read as --tensor-parallel-size.
+SHORT_ALIASES: dict[str, str] = {
+    "-tp": TENSOR_PARALLEL_SIZE,
+    "-pp": "--pipeline-parallel-size",
+    "-dp": "--data-parallel-size",
+    "-q": "--quantization",
+}
+
+# Environment the operator sets itself or that opens the engine up; refused in spec.env.
+OPERATOR_ENV_PREFIX = "ROLLOUTFLEET_"
+# The worker's loader knobs (worker_image/README.md): users tune them through spec.env (docs/install.md),
+# the operator never sets them. Every other ROLLOUTFLEET_* name is the operator's (e.g. the control token
+# file, the draft policy, ROLLOUTFLEET_WEIGHT_ROOTS, which confines loads to the allowed roots).
+USER_ENV_PREFIXES = ("ROLLOUTFLEET_LOAD_",)
+USER_ENV_NAMES = frozenset({"ROLLOUTFLEET_HASH_THREADS"})
+REFUSED_ENV: dict[str, str] = {
+    ENV_DEV_MODE: "is set by the operator from the spec (the control routes need it)",
+    ENV_RUNTIME_LORA: "is refused: it opens /v1/load_lora_adapter and /v1/unload_lora_adapter, which stay "
+    "unauthenticated (every /v1 route is open to clients); load adapters at start with --lora-modules",
+    ENV_API_KEY: "is refused: it is vLLM's --api-key, and the operator's parity probe calls /v1 without a key",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,5 +108,45 @@ PARITY_FLAGS: tuple[ParityFlag, ...] = (
 
 
 def flag_name(arg: str) -> str:
-    """The flag part of an argument: ``--a=b`` → ``--a``; positional values come back unchanged."""
-    return arg.split("=", 1)[0] if arg.startswith("--") else arg
+    """The flag an argument names as vLLM's parser reads it; values (and negative numbers) unchanged.
+
+    vLLM's ``FlexibleArgumentParser`` takes ``--a_b`` for ``--a-b``, ``--a=v``, ``--json-arg.key=v`` for
+    one key of a JSON flag, and the short aliases above: ``--tensor_parallel_size=2`` and ``-tp=2`` both
+    come back as ``--tensor-parallel-size``.
+    """
+    if not arg.startswith("-") or _is_number(arg):
+        return arg
+    name = arg.split("=", 1)[0]
+    if name.startswith("--"):
+        return "--" + name[2:].split(".", 1)[0].replace("_", "-")
+    if name in SHORT_ALIASES:
+        return SHORT_ALIASES[name]
+    for alias, long in SHORT_ALIASES.items():  # a one-letter option with its value attached: -qfp8
+        if len(alias) == 2 and name.startswith(alias):
+            return long
+    return name
+
+
+def names_flag(arg: str, flag: str) -> bool:
+    """Whether vLLM would read ``arg`` as ``flag`` (a long flag), or as its ``--no-`` negation.
+
+    Besides the spellings ``flag_name`` folds, argparse accepts a unique prefix (``--tensor-parallel``).
+    Whether a prefix is unique depends on every flag of the vLLM in the image, so any prefix is taken as
+    naming the flag: a prefix that is ambiguous fails vLLM's own parsing anyway, so refusing it here only
+    moves the error earlier.
+    """
+    name = flag_name(arg)
+    if not name.startswith("-") or len(name) < 2:
+        return False
+    if not name.startswith("--"):
+        return any(long == flag and alias.startswith(name) for alias, long in SHORT_ALIASES.items())
+    spellings = (flag, "--no-" + flag[2:])
+    return len(name) > 2 and any(spelling.startswith(name) for spelling in spellings)
+
+
+def _is_number(arg: str) -> bool:
+    try:
+        float(arg)
+    except ValueError:
+        return False
+    return True

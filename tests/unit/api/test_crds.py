@@ -89,3 +89,24 @@ def test_rendering_is_stable() -> None:
     for crd in crdgen.custom_resource_definitions().values():
         text = crdgen.render(crd)
         assert text == crdgen.render(yaml.safe_load(text))
+
+
+def test_fleet_status_records_served_weights() -> None:
+    # Steady state and rollbacks read what the fleet serves from status.served, so deleting WeightRevision
+    # objects never changes what is served (review: rollback to revision 0 when an object was gone).
+    crd = crdgen.custom_resource_definitions()["rolloutfleet.io_rolloutfleets.yaml"]
+    version = crd["spec"]["versions"][0]
+    served = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["served"]
+    assert set(served["properties"]) == {
+        "revision",
+        "name",
+        "verifierPath",
+        "verifierDigest",
+        "draftPath",
+        "draftDigest",
+        "since",
+    }
+    assert served["required"] == ["revision", "verifierPath"]
+    assert "default" not in served  # absent until the operator records it
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Replicas", "Ready", "Revision", "Target", "Available", "Age"]

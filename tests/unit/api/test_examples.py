@@ -32,7 +32,7 @@ def test_example_is_valid(path: pathlib.Path) -> None:
     if doc["kind"] == "RolloutFleet":
         spec, errors = validation.parse_fleet_spec(doc["spec"])
         assert spec is not None, errors
-        assert validation.validate_fleet(spec) == []
+        assert validation.validate_fleet(spec, name=doc["metadata"]["name"]) == []
     else:
         spec_r, errors = validation.parse_revision_spec(doc["spec"])
         assert spec_r is not None, errors

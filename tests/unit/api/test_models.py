@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from rolloutfleet.api import fleet as fleet_mod
 from rolloutfleet.api import validation
 
 BASE_FLEET: dict[str, Any] = {
@@ -186,3 +187,262 @@ def test_camel_case_on_the_wire() -> None:
         "asyncScheduling": False,
         "batchInvariant": False,
     }
+
+
+# --- Review 15: spec.env, extraArgs and the fleet's name ------------------------------------------------------
+
+ENV_REFUSED = [
+    # Operator-owned: the operator sets these itself (resources/command.py); a second entry would either be
+    # ignored or win, and a duplicate name fails the StatefulSet apply.
+    ("VLLM_SERVER_DEV_MODE", "is set by the operator"),
+    ("ROLLOUTFLEET_CONTROL_TOKEN_FILE", "is reserved for the operator"),
+    ("ROLLOUTFLEET_DRAFT_POLICY", "is reserved for the operator"),
+    ("ROLLOUTFLEET_DRAFT_PATH", "is reserved for the operator"),
+    # Read by the worker to confine loads; a user value would widen spec.weights.allowedRoots.
+    ("ROLLOUTFLEET_WEIGHT_ROOTS", "is reserved for the operator"),
+    # vLLM serves /v1/load_lora_adapter without authentication when this is set.
+    ("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "unauthenticated"),
+    # vLLM's --api-key from the environment: the operator's parity probe calls /v1 without a key.
+    ("VLLM_API_KEY", "parity probe"),
+]
+
+
+@pytest.mark.parametrize(("name", "expected"), ENV_REFUSED, ids=[c[0] for c in ENV_REFUSED])
+def test_env_cannot_override_operator_variables(name: str, expected: str) -> None:
+    errors = fleet_errors(patched(BASE_FLEET, "env", [{"name": "HF_HOME", "value": "/x"}, {"name": name}]))
+    assert any(e.startswith(f"spec.env[1].name: {name}") and expected in e for e in errors), errors
+
+
+def test_env_loader_tuning_allowed() -> None:
+    # docs/install.md tells users to tune the worker's loader through spec.env; the operator never sets these.
+    env = [{"name": "ROLLOUTFLEET_LOAD_READAHEAD_BYTES", "value": "1073741824"}, {"name": "ROLLOUTFLEET_HASH_THREADS"}]
+    assert fleet_errors(patched(BASE_FLEET, "env", env)) == []
+
+
+def test_env_duplicate_names_refused() -> None:
+    # The API server answered a 500 ("duplicate entries for key") when the StatefulSet was applied.
+    env = [{"name": "HF_HOME", "value": "/a"}, {"name": "OMP_NUM_THREADS"}, {"name": "HF_HOME", "value": "/b"}]
+    assert "spec.env[2].name: duplicate name HF_HOME (first at spec.env[0])" in fleet_errors(
+        patched(BASE_FLEET, "env", env)
+    )
+
+
+EXTRA_ARGS_REFUSED = [
+    # vLLM's argparse accepts each of these for an operator-owned flag; an exact-spelling match missed them.
+    (["-tp", "2"], "--tensor-parallel-size is set by the operator"),
+    (["-tp=2"], "--tensor-parallel-size is set by the operator"),
+    (["--tensor_parallel_size=2"], "--tensor-parallel-size is set by the operator"),
+    (["--tensor-parallel", "2"], "--tensor-parallel-size is set by the operator"),  # an argparse abbreviation
+    (["--served_model_name", "x"], "--served-model-name is set by the operator"),
+    (["--speculative-config.method=ngram"], "--speculative-config is set by the operator"),  # vLLM's dot form
+    (["--no-enable-sleep-mode"], "--enable-sleep-mode is set by the operator"),
+    (["--model", "/weights/p/x"], "--model is set by the operator"),
+    (["--config", "/weights/p/vllm.yaml"], "--config"),
+    (["--enable_prefix_caching"], "--enable-prefix-caching contradicts the parity profile"),
+    (["--logprobs_mode=raw_logits"], "--logprobs-mode contradicts the parity profile"),
+    (["--hf-overrides.head_dtype=bfloat16"], "--hf-overrides contradicts the parity profile"),
+    (["--api-key", "k"], "parity probe"),
+    (["--api_key=k"], "parity probe"),
+]
+
+
+@pytest.mark.parametrize(("args", "expected"), EXTRA_ARGS_REFUSED, ids=[" ".join(c[0]) for c in EXTRA_ARGS_REFUSED])
+def test_extra_args_refused_in_every_spelling(args: list[str], expected: str) -> None:
+    errors = fleet_errors(patched(BASE_FLEET, "extraArgs", args))
+    assert any(e.startswith("spec.extraArgs[0]: ") and expected in e for e in errors), errors
+
+
+def test_extra_args_that_are_not_operator_flags_pass() -> None:
+    # Ordinary tuning must keep working, including short aliases and underscores of flags nobody owns.
+    args = ["--max-model-len=4096", "--gpu_memory_utilization", "0.9", "-pp", "2", "-q", "fp8", "--enable-lora"]
+    raw = patched(BASE_FLEET, "extraArgs", args)
+    raw["gpusPerPod"] = 2
+    assert fleet_errors(raw) == []
+
+
+def test_runtime_lora_updating_refused_with_enable_lora() -> None:
+    raw = patched(BASE_FLEET, "extraArgs", ["--enable-lora"])
+    raw["env"] = [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"}]
+    errors = fleet_errors(raw)
+    assert any(e.startswith("spec.env[0].name: VLLM_ALLOW_RUNTIME_LORA_UPDATING") for e in errors), errors
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("a" * 53, "metadata.name: must be at most 52 characters"),
+        ("1policy", "metadata.name: must start with a letter"),
+        ("policy.v2", "metadata.name: must consist of lower-case letters, digits and '-'"),
+    ],
+)
+def test_fleet_name_must_fit_child_names(name: str, expected: str) -> None:
+    # The StatefulSet is named after the fleet, and its pods carry `controller-revision-hash:
+    # <name>-<hash of up to 10 characters>`, a label value of at most 63: names over 52 make pods
+    # uncreatable. The Services are `<name>` and `<name>-engines`: DNS-1035 labels (a letter first, no dot).
+    spec, errors = validation.parse_fleet_spec(BASE_FLEET)
+    assert spec is not None and not errors
+    assert any(str(e).startswith(expected) for e in validation.validate_fleet(spec, name=name))
+    assert validation.validate_fleet(spec, name="a" * 52) == []
+
+
+# --- Review 15e: sleep strategy needs engines started with sleep mode -----------------------------------------
+
+
+def test_sleep_override_refused_on_fleet_without_sleep_mode() -> None:
+    # `--enable-sleep-mode` is only passed when the fleet's mode is sleep; an engine started without it has
+    # no /sleep route, so a sleep-mode revision could never progress.
+    fleet_raw = patched(BASE_FLEET, "updateStrategy", {"mode": "inflight"})
+    rev = patched(BASE_REV, "strategy", {"mode": "sleep"})
+    assert any(e.startswith("spec.strategy.mode: sleep needs") for e in revision_errors(rev, fleet_raw))
+    assert revision_errors(patched(BASE_REV, "strategy", {"mode": "inflight"}), fleet_raw) == []
+    assert revision_errors(rev) == []  # the base fleet sleeps
+
+
+def test_sleep_mode_enabled_follows_the_fleet_mode() -> None:
+    sleeping, _ = validation.parse_fleet_spec(BASE_FLEET)
+    inflight, _ = validation.parse_fleet_spec(patched(BASE_FLEET, "updateStrategy", {"mode": "inflight"}))
+    assert sleeping is not None and inflight is not None
+    assert fleet_mod.sleep_mode_enabled(sleeping) and not fleet_mod.sleep_mode_enabled(inflight)
+
+
+# --- Review 20: bounded revision numbers and deliberate rollback ---------------------------------------------
+
+
+def test_revision_number_is_bounded() -> None:
+    assert revision_errors(patched(BASE_REV, "revision", 10**15), current=None) == []
+    errors = revision_errors(patched(BASE_REV, "revision", 2**62))
+    assert any(e.startswith("spec.revision: Input should be less than or equal to 1000000000000000") for e in errors)
+
+
+def test_allow_older_skips_only_the_not_newer_check() -> None:
+    # A deliberate rollback: revision 1 after 2. Without allowOlder the monotonic rule refuses it.
+    older = patched(BASE_REV, "revision", 1)
+    assert any(e.startswith("spec.revision: must be newer") for e in revision_errors(older))
+    rollback = patched(older, "allowOlder", True)
+    assert revision_errors(rollback) == []
+    # Every other check still applies.
+    bad = patched(rollback, "verifier.path", "/weights/other/v")
+    assert any(e.startswith("spec.verifier.path: must be under") for e in revision_errors(bad))
+
+
+def test_allow_older_defaults_to_false() -> None:
+    spec, _ = validation.parse_revision_spec(BASE_REV)
+    assert spec is not None and spec.allow_older is False
+
+
+# --- Review 22: paths and parity-probe contents ----------------------------------------------------------------
+
+CONTROL_CHARS = ["\n", "\t", "\x1b", "\x7f", "\x00"]
+
+
+@pytest.mark.parametrize("char", CONTROL_CHARS, ids=[repr(c) for c in CONTROL_CHARS])
+def test_control_characters_in_paths_refused(char: str) -> None:
+    errors = revision_errors(patched(BASE_REV, "verifier.path", f"/weights/p/step{char}3/v"))
+    assert any(e.startswith("spec.verifier.path: String should match pattern") for e in errors), errors
+    assert any(
+        e.startswith("spec.weights.mountPath: String should match pattern")
+        for e in fleet_errors(patched(BASE_FLEET, "weights.mountPath", f"/wei{char}ghts"))
+    )
+
+
+@pytest.mark.parametrize(
+    "mount",
+    ["/", "/proc", "/sys/x", "/dev", "/dev/shm", "/etc", "/etc/models", "/run", "/var/run/rolloutfleet", "/var"],
+)
+def test_system_mount_paths_refused(mount: str) -> None:
+    raw = patched(BASE_FLEET, "weights.mountPath", mount)
+    errors = fleet_errors(raw)
+    assert any(e.startswith("spec.weights.mountPath: must not be") for e in errors), errors
+
+
+def test_data_mount_paths_allowed() -> None:
+    raw = patched(
+        BASE_FLEET, "weights", {"claimName": "ckpt", "mountPath": "/data/ckpt", "allowedRoots": ["/data/ckpt"]}
+    )
+    raw["verifier"] = {"path": "/data/ckpt/v"}
+    raw["draft"] = {"method": "mtp"}
+    assert fleet_errors(raw) == []
+
+
+def test_allowed_root_slash_refused() -> None:
+    errors = fleet_errors(patched(BASE_FLEET, "weights.allowedRoots", ["/"]))
+    assert any(e.startswith("spec.weights.allowedRoots[0]: must be under spec.weights.mountPath") for e in errors)
+
+
+def test_mount_path_covers_the_operators_own_mounts() -> None:
+    # api may not import resources; this pins that the refused list covers the mounts resources makes.
+    from rolloutfleet.resources import labels
+
+    for own in (labels.SHM_MOUNT, labels.TOKEN_MOUNT_DIR):
+        raw = patched(BASE_FLEET, "weights.mountPath", own)
+        assert any(e.startswith("spec.weights.mountPath: must not be") for e in fleet_errors(raw)), own
+
+
+PROBE_CASES = [
+    (
+        {"promptTokenIds": [-1], "expectedLogprobs": [-0.1]},
+        "spec.parityProbe.promptTokenIds[0]: Input should be greater",
+    ),
+    (
+        {"promptTokenIds": [2**31], "expectedLogprobs": [-0.1]},
+        "spec.parityProbe.promptTokenIds[0]: Input should be less",
+    ),
+    ({"promptTokenIds": [1], "expectedLogprobs": [0.5]}, "spec.parityProbe.expectedLogprobs[0]: Input should be less"),
+    ({"promptTokenIds": [1], "expectedLogprobs": [float("nan")]}, "spec.parityProbe.expectedLogprobs[0]: Input should"),
+    (
+        {"promptTokenIds": [1], "expectedLogprobs": [float("-inf")]},
+        "spec.parityProbe.expectedLogprobs[0]: Input should",
+    ),
+    ({"promptTokenIds": [1], "expectedLogprobs": [-0.1], "tolerance": float("nan")}, "spec.parityProbe.tolerance:"),
+]
+
+
+@pytest.mark.parametrize(("probe", "expected"), PROBE_CASES, ids=[str(i) for i in range(len(PROBE_CASES))])
+def test_parity_probe_contents_checked(probe: dict[str, Any], expected: str) -> None:
+    # Token ids index a vocabulary (non-negative, int32 on the engine); a logprob is log(p) <= 0 and finite.
+    errors = revision_errors(patched(BASE_REV, "parityProbe", probe))
+    assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_parity_probe_valid() -> None:
+    probe = {"promptTokenIds": [0, 2**31 - 1], "expectedLogprobs": [0.0, -12.5], "tolerance": 0.05}
+    assert revision_errors(patched(BASE_REV, "parityProbe", probe)) == []
+
+
+def _full_featured_spec() -> Any:
+    raw = copy.deepcopy(BASE_FLEET)
+    raw["parity"] = {"batchInvariant": True}
+    spec, errors = validation.parse_fleet_spec(raw)
+    assert spec is not None and not errors
+    return spec
+
+
+def test_every_env_the_operator_sets_is_refused_in_spec_env() -> None:
+    # api may not import resources; this pins the refusal table to what resources/command.py renders, so a
+    # variable the operator starts setting cannot be overridden (or duplicated) through spec.env.
+    from rolloutfleet.resources import command
+
+    spec = _full_featured_spec()
+    for env in command.engine_env(spec):
+        raw = patched(BASE_FLEET, "env", [{"name": env["name"], "value": "x"}])
+        raw["parity"] = {"batchInvariant": True}
+        assert any(e.startswith("spec.env[0].name: ") for e in fleet_errors(raw)), env["name"]
+
+
+def test_every_flag_the_operator_renders_is_refused_in_extra_args() -> None:
+    # Same pin for flags: each flag resources/command.py renders is owned or pinned by the parity profile.
+    from rolloutfleet.resources import command
+
+    spec = _full_featured_spec()
+    for arg in command.engine_args(spec):
+        if not arg.startswith("--"):
+            continue  # the model path and flag values
+        raw = patched(BASE_FLEET, "extraArgs", [arg])
+        assert any(e.startswith("spec.extraArgs[0]: ") for e in fleet_errors(raw)), arg
+
+
+def test_allowed_root_with_colon_refused() -> None:
+    # resources/command.py hands the engines the roots ':'-separated (ROLLOUTFLEET_WEIGHT_ROOTS): a root
+    # `/weights/x:/` would reach the engine as the two roots `/weights/x` and `/`.
+    errors = fleet_errors(patched(BASE_FLEET, "weights.allowedRoots", ["/weights/p", "/weights/x:/"]))
+    assert any(e.startswith("spec.weights.allowedRoots[1]: must not contain ':'") for e in errors), errors
