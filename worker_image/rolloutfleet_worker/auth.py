@@ -6,13 +6,21 @@ Loaded by vLLM's API server (``--middleware rolloutfleet_worker.auth.ControlAuth
 ASGI middleware owns that gate: generation and probe routes stay open, everything else needs
 ``Authorization: Bearer <token>`` with the token read from a mounted Secret file. Deny by default, so a
 control route added by a future vLLM is protected before anyone lists it here.
+
+The Secret can be replaced while engines run (kubelet swaps the mounted files in place): the file is
+checked again every ``CHECK_INTERVAL_SECONDS`` and before any refusal, and after a change the previous
+token stays valid for a grace period (``ROLLOUTFLEET_CONTROL_TOKEN_GRACE_SECONDS``) so an operator that
+still holds it is not locked out. A file that cannot be read fails closed: no token is accepted.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
+import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any, Final
@@ -25,6 +33,14 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 TOKEN_FILE_ENV: Final = "ROLLOUTFLEET_CONTROL_TOKEN_FILE"  # noqa: S105 (a variable name, not a secret)
 DEFAULT_TOKEN_FILE: Final = "/var/run/rolloutfleet/token/token"  # noqa: S105 (a path, not a secret)
+GRACE_ENV: Final = "ROLLOUTFLEET_CONTROL_TOKEN_GRACE_SECONDS"
+DEFAULT_GRACE_SECONDS: Final = 300.0
+# How often a request may stat the file. kubelet refreshes mounted Secrets within about a minute, so a few
+# seconds adds little; a refused request re-reads at once anyway.
+CHECK_INTERVAL_SECONDS: Final = 5.0
+
+# A child of vLLM's logger, so the lines land in the engine's log. Never log a token or a presented value.
+log = logging.getLogger("vllm.rolloutfleet")
 
 # Routes anyone reaching the pod may call: probes, metrics, and generation (guarded by vLLM's own
 # --api-key when set). Everything else, listed or not, needs the token.
@@ -73,30 +89,97 @@ def is_open(path: str) -> bool:
     return path in OPEN_EXACT or path.startswith(OPEN_PREFIXES)
 
 
+def _grace_seconds() -> float:
+    """The grace period from the environment; unset or malformed means the default, negative means 0."""
+    try:
+        return max(0.0, float(os.environ.get(GRACE_ENV, "").strip()))
+    except ValueError:
+        return DEFAULT_GRACE_SECONDS
+
+
+def _fingerprint(token: bytes) -> bytes:
+    # Compared as fixed-length hashes, so the comparison's time says nothing about a token's length.
+    return hashlib.sha256(token).digest()
+
+
+class TokenFile:
+    """The accepted tokens: the file's current one, and the previous one until its grace ends.
+
+    ``clock`` is monotonic seconds (injected by the tests). Not thread-safe: one event loop calls it.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.path = Path(os.environ.get(TOKEN_FILE_ENV, DEFAULT_TOKEN_FILE))
+        self.grace = _grace_seconds()
+        self.current: bytes | None = None  # fingerprint of the file's token; None: fail closed
+        self.previous: bytes | None = None
+        self.previous_until = 0.0
+        self.signature: tuple[int, ...] | None = None  # what the file looked like when last read
+        self.checked_at: float | None = None
+
+    def refresh(self, *, force: bool = False) -> None:
+        """Re-read the file when it changed (or ``force``), at most once per interval unless forced."""
+        now = self.clock()
+        if not force and self.checked_at is not None and now - self.checked_at < CHECK_INTERVAL_SECONDS:
+            return
+        self.checked_at = now
+        try:
+            # stat follows kubelet's links (token -> ..data/token -> ..<timestamp>/token): a swap changes it.
+            st = self.path.stat()
+            signature = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+            if not force and signature == self.signature:
+                return
+            token = self.path.read_bytes().strip()
+        except OSError as exc:
+            self._set(None, now, f"unreadable ({exc.strerror or type(exc).__name__})")
+            self.signature = None
+            return
+        self.signature = signature
+        self._set(_fingerprint(token) if token else None, now, "empty" if not token else "")
+
+    def _set(self, fingerprint: bytes | None, now: float, problem: str) -> None:
+        if fingerprint is None:
+            if self.current is not None or self.previous is not None:
+                log.warning("rolloutfleet: control token file %s %s: control routes refused", self.path, problem)
+            self.current = self.previous = None  # fail closed: a token must not outlive its Secret
+            return
+        if fingerprint == self.current:
+            return
+        if self.current is not None and self.grace > 0:
+            self.previous, self.previous_until = self.current, now + self.grace
+            log.info("rolloutfleet: control token rotated; the previous one is accepted for %.0f s", self.grace)
+        elif self.current is not None:
+            self.previous = None
+            log.info("rolloutfleet: control token rotated; the previous one is no longer accepted")
+        self.current = fingerprint
+
+    def accepts(self, presented: bytes) -> bool:
+        """Whether ``presented`` is the current token, or the previous one within its grace."""
+        offered = _fingerprint(presented)
+        # Both comparisons always run, so timing does not say which token matched.
+        current = self.current is not None and hmac.compare_digest(offered, self.current)
+        in_grace = self.previous is not None and self.clock() < self.previous_until
+        previous = self.previous is not None and hmac.compare_digest(offered, self.previous)
+        return current or (in_grace and previous)
+
+    @property
+    def configured(self) -> bool:
+        return self.current is not None
+
+
 class ControlAuthMiddleware:
-    """Pure ASGI middleware; one instance per app. Caches the token after the first successful read."""
+    """Pure ASGI middleware; one instance per app. ``clock`` is for the tests (monotonic seconds)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.app = app
-        self._token: bytes | None = None
+        self.tokens = TokenFile(clock)
 
-    def _read_token(self) -> bytes | None:
-        # Cached once read: the operator rolls pods when the Secret changes (the token is in the pod spec
-        # hash), so no re-reading per request. A missing file is not cached, so a late mount recovers.
-        if self._token is None:
-            path = Path(os.environ.get(TOKEN_FILE_ENV, DEFAULT_TOKEN_FILE))
-            try:
-                token = path.read_bytes().strip()
-            except OSError:
-                return None
-            self._token = token or None
-        return self._token
-
-    def _authorized(self, scope: Scope, token: bytes) -> bool:
+    def _authorized(self, scope: Scope) -> bool:
         for key, value in scope.get("headers", ()):
             if key.lower() == b"authorization":
                 scheme, _, presented = bytes(value).strip().partition(b" ")
-                if scheme.lower() == b"bearer" and hmac.compare_digest(presented.strip(), token):
+                if scheme.lower() == b"bearer" and self.tokens.accepts(presented.strip()):
                     return True
         return False
 
@@ -105,14 +188,19 @@ class ControlAuthMiddleware:
         if kind not in ("http", "websocket") or is_open(str(scope.get("path", ""))):
             await self.app(scope, receive, send)
             return
-        token = self._read_token()
-        if token is not None and self._authorized(scope, token):
+        self.tokens.refresh()
+        authorized = self._authorized(scope)
+        if not authorized:
+            # The Secret may have just been replaced (the caller holds the new token): look before refusing.
+            self.tokens.refresh(force=True)
+            authorized = self._authorized(scope)
+        if authorized:
             await self.app(scope, receive, send)
             return
         if kind == "websocket":
             await send({"type": "websocket.close", "code": 1008, "reason": "Unauthorized"})
             return
-        if token is None:
+        if not self.tokens.configured:
             await _reply(send, 503, "ServiceUnavailable", "control token not configured on this engine")
         else:
             await _reply(send, 401, "Unauthorized", "a valid bearer token is required for control routes")

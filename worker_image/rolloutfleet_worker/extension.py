@@ -5,7 +5,8 @@ rolloutfleet_worker.extension.RolloutFleetExtension``); the operator reaches the
 ``POST /collective_rpc`` and gets one result per worker. This module owns the per-worker record of what
 was loaded (``self._rolloutfleet_state``), the order and policy rules (verifier before draft, frozen
 drafts never overwritten, shared tensors never written by the draft) and the wire payloads. Loading is
-``rolloutfleet_worker.loader``; finding the modules is ``rolloutfleet_worker.models``.
+``rolloutfleet_worker.loader``; finding the modules is ``rolloutfleet_worker.models``; which paths may be
+read is ``rolloutfleet_worker.paths``.
 
 Rules vLLM imposes: only ADD attributes (a clash with a Worker attribute is an assertion error), so every
 public name starts with ``rolloutfleet_`` and helpers are module functions; import torch/vLLM lazily so
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
-from rolloutfleet_worker import digest
+from rolloutfleet_worker import digest, paths
 
 ErrorCode = Literal[
     "invalid_target",
@@ -32,6 +33,7 @@ ErrorCode = Literal[
     "frozen",
     "no_draft",
     "load_failed",
+    "incomplete",
     "internal",
 ]
 Target = Literal["verifier", "draft"]
@@ -39,7 +41,7 @@ DraftPolicy = Literal["coUpdate", "frozen"]
 
 POLICY_ENV = "ROLLOUTFLEET_DRAFT_POLICY"
 DRAFT_PATH_ENV = "ROLLOUTFLEET_DRAFT_PATH"
-ROOTS_ENV = "ROLLOUTFLEET_WEIGHT_ROOTS"
+ROOTS_ENV = paths.ROOTS_ENV
 THREADS_ENV = "ROLLOUTFLEET_HASH_THREADS"
 # A child of vLLM's logger, so the lines land in the engine's log with its format and level.
 log = logging.getLogger("vllm.rolloutfleet")
@@ -72,6 +74,14 @@ class LoadResult(TypedDict):
     seconds: float
     tensors: int
     skipped: list[str]
+
+
+class PreflightResult(TypedDict):
+    ok: Literal[True]
+    target: Target
+    path: str
+    tensors: int  # in the checkpoint, shared ones included
+    bytes: int  # what a load would read and hash
 
 
 class VerifierState(TypedDict):
@@ -169,6 +179,7 @@ def load_options(pin: bool, world_size: int = 1, sample: Path | None = None, *, 
         unlock_apart=_flag_env(UNLOCK_APART_ENV, True),
         bounce_share=_share_env(BOUNCE_SHARE_ENV, 1.0),
         bounce_threads=_positive_env(BOUNCE_THREADS_ENV) or defaults.bounce_threads,
+        roots=paths.weight_roots(),
     )
 
 
@@ -219,20 +230,11 @@ def _warm_up_once(worker: Any) -> None:
 
 
 def check_path(path: object) -> str | None:
-    """Why ``path`` may not be loaded, or None when it may."""
-    if not isinstance(path, str) or not path:
-        return "path must be a non-empty string"
-    if not Path(path).is_absolute():
-        return f"path must be absolute: {path!r}"
-    if ".." in path.split("/"):
-        return f"path must not contain '..': {path!r}"
-    roots = [r for r in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if r]
-    if roots:
-        real = os.path.realpath(path)
-        if not any(real == os.path.realpath(r) or real.startswith(os.path.realpath(r) + "/") for r in roots):
-            return f"path {path!r} is outside the allowed weight roots {roots}"
-    if not Path(path).is_dir():
-        return f"no such directory: {path!r}"
+    """Why ``path`` may not be loaded, or None when it may (``paths.resolve`` without the result)."""
+    try:
+        paths.resolve(path)
+    except paths.PathRefusedError as exc:
+        return str(exc)
     return None
 
 
@@ -287,18 +289,22 @@ def _take_baseline(state: _State, verifier: Any | None, draft: Any | None, share
 
 
 def _load(worker: Any, target: object, path: object, revision: int | None, restore: bool) -> LoadResult | Failure:
-    from rolloutfleet_worker import loader, models
+    from rolloutfleet_worker import loader, loader_base, models
 
     if target not in ("verifier", "draft"):
         return _fail("invalid_target", f"target must be 'verifier' or 'draft', got {target!r}")
     if revision is not None and (not isinstance(revision, int) or isinstance(revision, bool) or revision < 0):
         return _fail("invalid_revision", f"revision must be a non-negative integer, got {revision!r}")
-    problem = check_path(path)
-    if problem is not None:
-        return _fail("invalid_path", problem)
+    try:
+        real = paths.resolve(path)
+    except paths.PathRefusedError as exc:
+        return _fail("invalid_path", str(exc))
     assert isinstance(path, str)
     state = _state(worker)
-    verifier, draft, shared = _shared(worker)
+    try:
+        verifier, draft, shared = _shared(worker)
+    except models.LookupFailedError as exc:
+        return _fail("internal", str(exc))
     _take_baseline(state, verifier, draft, shared)
     if target == "verifier":
         model, slot, exclude = verifier, state.verifier, []
@@ -324,21 +330,29 @@ def _load(worker: Any, target: object, path: object, revision: int | None, resto
     slot.unknown()  # fail closed from here on: a crash mid-load must not leave an old claim behind
     slot.lost = False
     skip = (lambda name: models.matches_shared(name, shared)) if target == "draft" and shared else None
+    # vLLM checks the loaded names only for unquantized models (quantization methods may create
+    # parameters no checkpoint carries); for a quantized one the complete feed is what is checked.
+    quantized = models.quantization(worker, target) is not None
     try:
         outcome = loader.stream_into(
             model,
-            path,
+            real,
             skip=skip or (lambda _name: False),
             options=load_options(
                 pin=models.on_cuda(model),
                 world_size=models.world_size(),
-                sample=next(Path(path).glob("*.safetensors"), None),
+                sample=paths.first_file(real),
             ),
+            required=None if quantized else models.required_parameters(model, exclude),
         )
+    except loader_base.OutsideRootsError as exc:
+        return _fail("invalid_path", str(exc))
     except digest.CheckpointError as exc:
         return _fail("io", str(exc))
     except loader.LoadWeightsError as exc:
         return _fail("load_failed", str(exc))
+    except loader.IncompleteLoadError as exc:
+        return _fail("incomplete", str(exc))
     except Exception as exc:
         return _fail("load_failed", f"{type(exc).__name__}: {exc}")
     log.info(
@@ -371,6 +385,83 @@ def _load(worker: Any, target: object, path: object, revision: int | None, resto
         tensors=outcome.tensors,
         skipped=outcome.skipped,
     )
+
+
+def _preflight(worker: Any, target: object, path: object) -> PreflightResult | Failure:
+    """Whether a load of ``target`` from ``path`` can succeed, judged from headers and sizes alone.
+
+    Checks: the target and path as a load checks them; the target model exists (and for a draft, which
+    of its tensors the verifier owns); every ``*.safetensors`` file directly in the directory resolves and
+    opens under the allowed roots and is readable; every header parses, every tensor lies inside its file
+    with as many bytes as its dtype and shape say, no name appears twice, and every dtype is one torch can
+    load; and, for an unquantized engine, the tensors a load would feed hold at least as many elements as
+    the target's parameters on this rank (shared and vocabulary-padding ones left out).
+
+    Cannot check, because vLLM's per-model ``load_weights`` decides it: which parameter each checkpoint
+    name fills (q/k/v are stacked into ``qkv_proj``, gate/up into ``gate_up_proj``, prefixes are
+    renamed, tensor-parallel ranks take slices), so neither a name nor a shape is compared one to one, and
+    a checkpoint with enough elements under names the model ignores still passes (the load itself then
+    fails with ``incomplete``); nor anything about the values. For a quantized engine the element count is
+    not compared either (quantization methods create parameters no checkpoint carries). Reads no tensor
+    bytes and touches no parameter, so it is safe while the engine serves or sleeps.
+    """
+    from rolloutfleet_worker import loader_base, models
+
+    if target not in ("verifier", "draft"):
+        return _fail("invalid_target", f"target must be 'verifier' or 'draft', got {target!r}")
+    try:
+        real = paths.resolve(path)
+    except paths.PathRefusedError as exc:
+        return _fail("invalid_path", str(exc))
+    assert isinstance(path, str)
+    try:
+        verifier, draft, shared = _shared(worker)
+    except models.LookupFailedError as exc:
+        return _fail("internal", str(exc))
+    model, exclude = (verifier, []) if target == "verifier" else (draft, shared)
+    if model is None:
+        if target == "verifier":
+            return _fail("load_failed", "the worker has no verifier model")
+        return _fail("no_draft", "this engine (or this pipeline rank) has no draft model")
+    roots = paths.weight_roots()
+    try:
+        if roots:
+            loader_base.check_files(real, roots)
+        infos = digest.scan_directory(real)
+        if roots:
+            infos = loader_base.confine(infos, roots)
+        for file in dict.fromkeys(info.file for info in infos):
+            os.close(loader_base.open_file(file, roots))
+        for info in infos:
+            loader_base.torch_dtype(info.dtype, info.file)
+    except loader_base.OutsideRootsError as exc:
+        return _fail("invalid_path", str(exc))
+    except digest.CheckpointError as exc:
+        return _fail("io", str(exc))
+    fed = [info for info in infos if not (exclude and models.matches_shared(info.name, exclude))]
+    if models.quantization(worker, target) is None:
+        have = sum(_elements(info.shape) for info in fed)
+        need = models.parameter_elements(model, exclude)
+        if have < need:
+            return _fail(
+                "incomplete",
+                f"the checkpoint's {len(fed)} tensors hold {have} elements; the {target}'s parameters on this "
+                f"rank need {need}: it cannot fill the model",
+            )
+    return PreflightResult(
+        ok=True,
+        target="draft" if target == "draft" else "verifier",
+        path=path,
+        tensors=len(infos),
+        bytes=sum(info.nbytes for info in infos),
+    )
+
+
+def _elements(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _report(worker: Any) -> StateResult:
@@ -425,6 +516,13 @@ class RolloutFleetExtension:
             return _load(self, "draft", path, None, restore=True)
         except Exception as exc:
             return _fail("load_failed", f"{type(exc).__name__}: {exc}")
+
+    def rolloutfleet_preflight(self, target: str, path: str) -> PreflightResult | Failure:
+        """Check, from headers and sizes only, that ``target`` could load from ``path`` (``_preflight``)."""
+        try:
+            return _preflight(self, target, path)
+        except Exception as exc:
+            return _fail("internal", f"{type(exc).__name__}: {exc}")
 
     def rolloutfleet_state(self) -> StateResult | Failure:
         """What this worker holds: revisions, digests, residency, draft method, shared tensors, rank."""

@@ -11,25 +11,31 @@ refuse, or ``ROLLOUTFLEET_LOAD_MODE=read``). On the H200 the mapped path with th
 stacking, tensor-parallel shards, copies into the existing parameters, so CUDA graphs keep their
 pointers), reading and hashing run ahead of the model's copies, and the digest
 (``rolloutfleet_worker.digest``) covers every tensor of the checkpoint, fed or skipped.
+
+A load succeeds only when it is complete: every tensor of the checkpoint was either taken by
+``load_weights`` or deliberately skipped (shared with the verifier), and every parameter the caller
+requires is in the set of names ``load_weights`` returns. Anything less raises ``IncompleteLoadError``
+and produces no digest, so a partial load can never carry the publisher's digest.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rolloutfleet_worker import digest, loader_cuda, loader_mapped, loader_read
+from rolloutfleet_worker import digest, loader_base, loader_cuda, loader_mapped, loader_read
 from rolloutfleet_worker.loader_base import (
     CHUNK_BYTES,
     READAHEAD_BYTES,
     WINDOW_BYTES,
     HostPinner,
+    IncompleteLoadError,
     LoadMode,
     LoadOptions,
     LoadWeightsError,
@@ -43,6 +49,7 @@ __all__ = [
     "READAHEAD_BYTES",
     "WINDOW_BYTES",
     "HostPinner",
+    "IncompleteLoadError",
     "LoadMode",
     "LoadOptions",
     "LoadOutcome",
@@ -86,17 +93,26 @@ def stream_into(
     *,
     skip: Callable[[str], bool] = lambda _name: False,
     options: LoadOptions | None = None,
+    required: Collection[str] | None = None,
 ) -> LoadOutcome:
     """Load every tensor of checkpoint directory ``path`` into ``model`` via its ``load_weights``.
 
-    Raises CheckpointError (bad directory or file: nothing or part was fed) or LoadWeightsError (the
-    model's loader raised). Either way the caller must treat the model's contents as unknown.
+    ``required``: parameter names that ``load_weights`` must report loaded (vLLM's returns the set of
+    parameters it filled); None checks the feed only. Raises CheckpointError (bad directory or file:
+    nothing or part was fed), LoadWeightsError (the model's loader raised) or IncompleteLoadError (the
+    model stopped early or left a required parameter out). Either way the caller must treat the model's
+    contents as unknown.
     """
     start = time.monotonic()
+    options = options or LoadOptions()
+    if options.roots:
+        loader_base.check_files(path, options.roots)
     # Every header is parsed and bounds-checked before the first byte reaches the model, so a truncated
     # or corrupt shard is refused while the parameters are still intact.
     infos = digest.scan_directory(path)
-    options = options or LoadOptions()
+    if options.roots:
+        infos = loader_base.confine(infos, options.roots)
+    to_feed = sum(1 for info in infos if not skip(info.name))
     pipeline = _pipeline(infos, skip, options)
     try:
         pipeline.start()
@@ -104,11 +120,11 @@ def stream_into(
         # Storage that cannot be mapped (some FUSE mounts) can still be read: nothing was fed yet.
         pipeline = _pipeline(infos, skip, dataclasses.replace(options, mode="read"))
         pipeline.start()
+    fed = _Counter(pipeline.tensors())
     try:
-        fed = _Counter(pipeline.tensors())
         model_start = time.monotonic()
         try:
-            model.load_weights(fed)
+            loaded = model.load_weights(fed)
         except digest.CheckpointError:
             raise
         except Exception as exc:
@@ -116,11 +132,20 @@ def stream_into(
                 raise pipeline.error from exc
             raise LoadWeightsError(f"{type(exc).__name__}: {exc}") from exc
         model_end = time.monotonic()
-        # A loader that stops early must not shorten the digest: read and hash what it did not consume.
-        for _ in fed.inner:
-            pass
+        if fed.count < to_feed:
+            # Not drained: hashing the rest would only dress a partial load in the checkpoint's digest.
+            raise IncompleteLoadError(
+                f"load_weights returned after taking {fed.count} of {to_feed} tensors; "
+                "the parameters it did not reach still hold their previous values"
+            )
         pipeline.finish()
+        _check_covered(infos, fed.names, pipeline, loaded, required)
     finally:
+        # A loader that stopped early leaves the feed suspended on a tensor: end it so the tensor is
+        # released before the pipeline gives its memory back.
+        close = getattr(fed.inner, "close", None)
+        if callable(close):
+            close()
         pipeline.close()
     end = time.monotonic()
     return LoadOutcome(
@@ -139,11 +164,54 @@ def stream_into(
     )
 
 
+MAX_NAMED = 5  # names quoted in an error message; the count says how many more
+
+
+def _named(names: Collection[str]) -> str:
+    shown = sorted(names)[:MAX_NAMED]
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f" (and {more} more)" if more > 0 else "")
+
+
+def _check_covered(
+    infos: list[digest.TensorInfo],
+    fed: list[str],
+    pipeline: Pipeline,
+    loaded: object,
+    required: Collection[str] | None,
+) -> None:
+    """Raise IncompleteLoadError unless the load was complete (see the module docstring).
+
+    The digest is built from what the pipeline hashed; requiring that to be exactly the fed plus the
+    skipped tensors, and those to be the whole checkpoint, makes the digest cover what the model was given.
+    """
+    scanned = {info.name for info in infos}
+    taken = set(fed) | set(pipeline.skipped)
+    if taken != scanned or len(pipeline.builder) != len(scanned):
+        raise IncompleteLoadError(
+            f"{len(taken)} of {len(scanned)} tensors were fed or skipped and {len(pipeline.builder)} hashed; "
+            f"never fed: {_named(scanned - taken)}"
+        )
+    if required is None or loaded is None:
+        # A model whose loader returns nothing cannot say what it filled: the complete feed above is all
+        # that can be checked. vLLM's models return the set (its own start-up load relies on it).
+        return
+    if not isinstance(loaded, Collection) or not all(isinstance(n, str) for n in loaded):
+        raise IncompleteLoadError(f"load_weights returned {type(loaded).__name__}, not the set of loaded names")
+    missing = set(required) - set(loaded)
+    if missing:
+        raise IncompleteLoadError(
+            f"load_weights did not load {len(missing)} of {len(set(required))} parameters (checkpoint names "
+            f"it does not map?), which still hold their previous values: {_named(missing)}"
+        )
+
+
 class _Counter:
     """Iterator wrapper counting what ``load_weights`` actually pulled, and how long it waited for it."""
 
     def __init__(self, inner: Iterator[tuple[str, torch.Tensor]]) -> None:
         self.inner, self.count, self.waited = inner, 0, 0.0
+        self.names: list[str] = []
 
     def __iter__(self) -> _Counter:
         return self
@@ -155,4 +223,5 @@ class _Counter:
         finally:
             self.waited += time.monotonic() - started
         self.count += 1
+        self.names.append(item[0])
         return item

@@ -7,6 +7,7 @@ Imported by ``loader`` (the entry point), ``loader_read`` (copy files into pinne
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import threading
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from typing import Literal, Protocol
 import torch
 
 from rolloutfleet_worker import digest
+from rolloutfleet_worker.paths import under_roots
 
 CHUNK_BYTES = 16 << 20  # read path: per preadv and per hash update
 WINDOW_BYTES = 256 << 20  # mapped path: page-locked per cudaHostRegister
@@ -79,10 +81,17 @@ class LoadOptions:
     # host memory bandwidth). 0: lock every window; 1: bounce every window; in between: windows interleaved.
     bounce_share: float = 0.0
     bounce_threads: int = field(default_factory=default_bounce_threads)
+    # Resolved directories every opened checkpoint file must lie under (``confine``/``open_file``); empty:
+    # no restriction. The extension sets it from ROLLOUTFLEET_WEIGHT_ROOTS.
+    roots: tuple[str, ...] = ()
 
 
 class LoadWeightsError(Exception):
     """``model.load_weights`` raised; the original exception is ``__cause__``."""
+
+
+class IncompleteLoadError(Exception):
+    """``model.load_weights`` returned without taking every tensor, or without loading every parameter."""
 
 
 class StoppedError(Exception):
@@ -102,6 +111,64 @@ class Pipeline(Protocol):
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]: ...
     def finish(self) -> None: ...
     def close(self) -> None: ...
+
+
+class OutsideRootsError(digest.CheckpointError):
+    """A checkpoint file that resolves, or was opened, outside the allowed weight roots."""
+
+
+def check_files(directory: Path | str, roots: tuple[str, ...]) -> None:
+    """OutsideRootsError for a ``*.safetensors`` entry of ``directory`` that resolves outside ``roots``.
+
+    Run before any header is read, so not even a header of a file outside the roots is opened.
+    """
+    try:
+        entries = sorted(Path(directory).iterdir())
+    except OSError as exc:
+        raise digest.CheckpointError(directory, f"unreadable: {exc.strerror or exc}") from exc
+    for entry in entries:
+        if entry.name.endswith(".safetensors") and not under_roots(os.path.realpath(entry), roots):
+            raise OutsideRootsError(entry, f"resolves to {os.path.realpath(entry)!r}, outside the allowed weight roots")
+
+
+def confine(infos: list[digest.TensorInfo], roots: tuple[str, ...]) -> list[digest.TensorInfo]:
+    """``infos`` re-pointed at their files' resolved paths; CheckpointError for a file outside ``roots``.
+
+    A shard may be a symlink (a Hugging Face snapshot links every file into ``blobs/``): allowed while it
+    resolves under the roots. The pipelines then open the resolved paths and check again what they opened
+    (``open_file``), so a link swapped after this check is caught too.
+    """
+    resolved: dict[Path, Path] = {}
+    out = []
+    for info in infos:
+        if info.file not in resolved:
+            real = os.path.realpath(info.file)
+            if not under_roots(real, roots):
+                raise OutsideRootsError(info.file, f"resolves to {real!r}, outside the allowed weight roots")
+            resolved[info.file] = Path(real)
+        out.append(dataclasses.replace(info, file=resolved[info.file]))
+    return out
+
+
+def open_file(file: Path, roots: tuple[str, ...]) -> int:
+    """Open ``file`` read-only; with ``roots``, refuse it unless what was opened lies under them.
+
+    The check is on the open descriptor (``/proc/self/fd``), not on the name, so no rename or symlink
+    swap between a check and the open can make the worker read outside the roots.
+    """
+    try:
+        fd = os.open(file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise digest.CheckpointError(file, f"unreadable: {exc.strerror or exc}") from exc
+    if roots:
+        try:
+            opened = str(Path(f"/proc/self/fd/{fd}").readlink())
+        except OSError:
+            opened = ""  # no /proc: refuse rather than read a file we cannot place
+        if not under_roots(opened, roots):
+            os.close(fd)
+            raise OutsideRootsError(file, "opened a file outside the allowed weight roots")
+    return fd
 
 
 def torch_dtype(name: str, file: Path) -> torch.dtype:

@@ -49,17 +49,11 @@ from rolloutfleet_worker.loader_base import (
     LoadOptions,
     StoppedError,
     memory,
+    open_file,
     read_into,
     torch_dtype,
 )
 from rolloutfleet_worker.loader_cuda import CudaCopies, HostCopies, device_hash_works
-
-
-def _open(file: Path) -> int:
-    try:
-        return os.open(file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise digest.CheckpointError(file, f"unreadable: {exc.strerror or exc}") from exc
 
 
 class MappingUnsupportedError(Exception):
@@ -173,15 +167,13 @@ class MappedPipeline:
         windows: dict[Path, list[_Window]] = {}
         for info in self.infos:
             if info.file not in self.files:
+                fd = open_file(info.file, self.options.roots)
                 try:
-                    f = info.file.open("rb")
-                except OSError as exc:
-                    raise digest.CheckpointError(info.file, f"unreadable: {exc.strerror or exc}") from exc
-                with f:
-                    try:
-                        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                    except (OSError, ValueError) as exc:  # e.g. a FUSE mount without mmap support
-                        raise MappingUnsupportedError(f"{info.file}: cannot be mapped: {exc}") from exc
+                    mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                except (OSError, ValueError) as exc:  # e.g. a FUSE mount without mmap support
+                    raise MappingUnsupportedError(f"{info.file}: cannot be mapped: {exc}") from exc
+                finally:
+                    os.close(fd)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # read-only mapping; nothing writes through it
                     base = torch.frombuffer(mm, dtype=torch.uint8)
@@ -196,7 +188,7 @@ class MappedPipeline:
                 ]
                 self.windows.extend(windows[info.file])
                 if self.readers is not None:
-                    mapped.fd = _open(info.file)
+                    mapped.fd = open_file(info.file, self.options.roots)
             mapped = self.files[info.file]
             if len(mapped.mm) < info.offset + info.nbytes:
                 raise digest.CheckpointError(info.file, "truncated while reading")

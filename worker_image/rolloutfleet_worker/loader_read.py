@@ -29,7 +29,16 @@ from pathlib import Path
 import torch
 
 from rolloutfleet_worker import digest
-from rolloutfleet_worker.loader_base import POLL, Budget, LoadOptions, StoppedError, memory, read_into, torch_dtype
+from rolloutfleet_worker.loader_base import (
+    POLL,
+    Budget,
+    LoadOptions,
+    StoppedError,
+    memory,
+    open_file,
+    read_into,
+    torch_dtype,
+)
 
 
 @dataclass(slots=True)
@@ -99,12 +108,8 @@ class ReadPipeline:
         if self.error is not None:
             raise self.error
 
-    @staticmethod
-    def _open(file: Path) -> int:
-        try:
-            fd = os.open(file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError as exc:
-            raise digest.CheckpointError(file, f"unreadable: {exc.strerror or exc}") from exc
+    def _open(self, file: Path) -> int:
+        fd = open_file(file, self.options.roots)
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger kernel read-ahead from disk
         return fd

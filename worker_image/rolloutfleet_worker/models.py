@@ -3,7 +3,9 @@
 Called by ``rolloutfleet_worker.extension``. Owns every lookup into vLLM's private object graph, each
 with a fallback, because the image runs vLLM 0.33 and the lent GPU 0.26 and the names moved between
 them: ``get_model()`` / ``get_draft_model()`` on the worker or its model runner, ``drafter.model`` (V1
-runner), ``speculator.model`` (V2 runner), and CUDA-graph wrappers around any of them. Also owns the
+runner), ``speculator.model`` (V2 runner), and CUDA-graph wrappers around any of them. A fallback is a
+place not yet looked at, never a swallowed error: an accessor that raises, or a configured draft found
+nowhere, fails the RPC. Also owns what a load must fill (parameter names and element counts) and the
 cheap on-device fingerprint that tells whether the loaded weights are still resident (a level-2 sleep
 discards them and a wake without reload brings back zeros). torch is imported inside functions so that
 importing the extension never needs it.
@@ -11,6 +13,7 @@ importing the extension never needs it.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 from typing import Any
 
@@ -54,14 +57,20 @@ def _own_attr(obj: Any, name: str) -> Any | None:
     return found
 
 
+class LookupFailedError(Exception):
+    """The worker's object graph did not answer as this module expects: the RPC must fail, not guess."""
+
+
 def _call(obj: Any, name: str) -> Any | None:
+    """``obj.name()`` when ``obj`` has such a method, else None.
+
+    Exceptions propagate: an accessor that raises means this vLLM is not laid out as we expect, and
+    treating that as "no model here" would report an engine without a draft when it has one.
+    """
     fn = getattr(obj, name, None)
     if not callable(fn):
         return None
-    try:
-        return fn()
-    except Exception:  # an accessor that refuses (no model yet, unsupported method) means "none here"
-        return None
+    return fn()
 
 
 def verifier_model(worker: Any) -> Any | None:
@@ -73,12 +82,18 @@ def verifier_model(worker: Any) -> Any | None:
     return None
 
 
+# Speculative methods that propose without a draft module (vLLM's SpeculativeMethod literals).
+MODEL_FREE_METHODS = frozenset({"ngram", "ngram_gpu", "suffix"})
+
+
 def draft_model(worker: Any) -> Any | None:
     """The draft model, or None when the engine has none (or this pipeline rank does not hold it).
 
     Order: ``get_draft_model()`` on the worker, then on the runner (both return None in vLLM V2 for
     EAGLE-style speculators), then ``model_runner.drafter.model`` (V1) and ``model_runner.speculator.model``
-    (V2).
+    (V2). Raises (``LookupFailedError`` or the accessor's own exception) instead of answering None when
+    the engine is configured with a speculative method that needs a draft module and this rank should
+    hold it: "no draft" must only ever be the truth.
     """
     runner = getattr(worker, "model_runner", None)
     for owner in (worker, runner):
@@ -90,16 +105,104 @@ def draft_model(worker: Any) -> Any | None:
         model = unwrap(getattr(holder, "model", None)) if holder is not None else None
         if model is not None:
             return model
+    method = draft_method(worker)
+    if method is not None and method not in MODEL_FREE_METHODS and last_pipeline_rank():
+        raise LookupFailedError(
+            f"speculative method {method!r} is configured but no draft model was found (get_draft_model(), "
+            "model_runner.drafter.model, model_runner.speculator.model): unknown vLLM layout"
+        )
+    return None
+
+
+def last_pipeline_rank() -> bool:
+    """Whether this worker is on the last pipeline-parallel rank, the only one vLLM gives a drafter.
+
+    Without vLLM (the unit tests) the engine counts as a single rank.
+    """
+    try:
+        from vllm.distributed import get_pp_group
+    except ImportError:
+        return True
+    return bool(get_pp_group().is_last_rank)
+
+
+def _spec_config(worker: Any) -> Any | None:
+    """``speculative_config`` from the worker, its vllm_config or its model runner; None when unset."""
+    for owner in (worker, getattr(worker, "vllm_config", None), getattr(worker, "model_runner", None)):
+        spec = getattr(owner, "speculative_config", None) if owner is not None else None
+        if spec is not None:
+            return spec
     return None
 
 
 def draft_method(worker: Any) -> str | None:
-    """``speculative_config.method`` from the worker or its vllm_config, else None."""
-    for owner in (worker, getattr(worker, "vllm_config", None), getattr(worker, "model_runner", None)):
-        spec = getattr(owner, "speculative_config", None) if owner is not None else None
-        method = getattr(spec, "method", None) if spec is not None else None
-        if isinstance(method, str):
-            return method
+    """The configured ``speculative_config.method``, or None when the engine has no speculative config.
+
+    Reported as configured so the operator can compare it with the fleet spec; a config whose method is
+    not a name raises instead of reading as "no speculation".
+    """
+    spec = _spec_config(worker)
+    if spec is None:
+        return None
+    method = getattr(spec, "method", None)
+    if isinstance(method, enum.Enum):
+        method = method.value
+    if not isinstance(method, str) or not method:
+        raise LookupFailedError(f"speculative_config.method is {method!r}, not a method name")
+    return method
+
+
+def required_parameters(model: Any, shared: Iterable[str] = ()) -> list[str]:
+    """The parameter names a load of ``model`` must fill: all of them, except those in ``shared``.
+
+    The same set vLLM's own start-up load requires (``named_parameters()``, so a tied ``lm_head`` that is
+    the embedding's parameter counts once); ``shared`` are the draft's parameters owned by the verifier,
+    which a draft load skips on purpose.
+    """
+    skip = set(shared)
+    return sorted(n for n, _p in model.named_parameters() if n not in skip)
+
+
+def parameter_elements(model: Any, shared: Iterable[str] = ()) -> int:
+    """How many elements a load must fill in ``model``: its parameters (this rank's shards), minus ``shared``.
+
+    Each parameter counts once, however many modules hold it (tied embeddings), as in ``named_parameters``.
+    Rows a vocabulary-parallel embedding or LM head pads its vocabulary with (vLLM pads to a multiple of
+    64; modules carrying ``org_vocab_size``) are in no checkpoint, so they are not counted.
+    """
+    skip = set(shared)
+    seen: set[int] = set()  # a tied parameter (lm_head = embed_tokens) is filled once
+    total = 0
+    for module_name, module in model.named_modules():
+        vocab = getattr(module, "org_vocab_size", None)
+        for name, p in module.named_parameters(prefix=module_name, recurse=False):
+            if name in skip or id(p) in seen:
+                continue
+            seen.add(id(p))
+            n = int(p.numel())
+            if isinstance(vocab, int) and p.dim() >= 1 and p.shape[0] > vocab:
+                n = n // int(p.shape[0]) * vocab
+            total += n
+    return total
+
+
+def quantization(worker: Any, target: str) -> str | None:
+    """The engine's quantization method for ``target`` ("verifier" | "draft"), or None when unquantized.
+
+    Verifier: ``model_config.quantization`` on the worker or its vllm_config; draft:
+    ``speculative_config.draft_model_config.quantization``.
+    """
+    if target == "draft":
+        owners = [_spec_config(worker)]
+        attr = "draft_model_config"
+    else:
+        owners = [worker, getattr(worker, "vllm_config", None)]
+        attr = "model_config"
+    for owner in owners:
+        config = getattr(owner, attr, None) if owner is not None else None
+        method = getattr(config, "quantization", None) if config is not None else None
+        if method is not None:
+            return str(method)
     return None
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -127,3 +129,120 @@ async def test_lifespan_and_websockets(token_file: Path) -> None:
     assert seen == ["websocket"]
     sent, seen = await _drive({"type": "websocket", "path": "/v1/realtime", "headers": []}, token_file)
     assert seen == ["websocket"]
+
+
+class Clock:
+    """An injected monotonic clock: the tests move time, nothing sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def mounted_secret(directory: Path, token: str) -> Path:
+    """A Secret volume as kubelet writes it: ``token -> ..data/token``, ``..data -> ..<timestamp>``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rotate_secret(directory, token)
+    (directory / "token").symlink_to("..data/token")
+    return directory / "token"
+
+
+def rotate_secret(directory: Path, token: str) -> None:
+    """kubelet's update: a new timestamped directory, then an atomic swap of the ``..data`` link."""
+    n = len(list(directory.glob("..2*")))
+    fresh = directory / f"..2026_01_01_00_00_0{n}"
+    fresh.mkdir()
+    (fresh / "token").write_text(token + "\n")
+    tmp = directory / "..data_tmp"
+    tmp.symlink_to(fresh.name)
+    os.replace(tmp, directory / "..data")
+
+
+async def status(mw: auth.ControlAuthMiddleware, token: str) -> int:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request"}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "path": "/pause", "headers": [(b"authorization", f"Bearer {token}".encode())]}
+    await mw(scope, receive, send)
+    return int(sent[0]["status"])
+
+
+async def test_a_rotated_token_works_at_once_and_the_old_one_for_the_grace_period(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Replacing the Secret must not lock the operator out (it reads the new token when it changes), and an
+    operator still holding the old token gets a bounded grace instead of a storm of 401s; after the grace
+    a leaked old token is worthless."""
+    caplog.set_level(logging.DEBUG)
+    path = mounted_secret(tmp_path / "secret", "old-token-value")
+    monkeypatch.setenv(auth.TOKEN_FILE_ENV, str(path))
+    clock = Clock()
+    mw = auth.ControlAuthMiddleware(_inner_ok, clock=clock)
+    assert await status(mw, "old-token-value") == 200
+    rotate_secret(tmp_path / "secret", "new-token-value")
+    assert await status(mw, "new-token-value") == 200  # noticed at once: a refused token re-reads the file
+    clock.now += auth.DEFAULT_GRACE_SECONDS - 1
+    assert await status(mw, "old-token-value") == 200
+    clock.now += 2
+    assert await status(mw, "old-token-value") == 401
+    assert await status(mw, "new-token-value") == 200
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert "rotated" in logged and "token-value" not in logged  # rotation is logged, tokens never
+
+
+async def test_a_rotation_is_noticed_without_a_refused_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file is checked every few seconds, so the grace starts when the Secret changed, not when the
+    operator first presents the new token: a leaked old token stops working on time."""
+    path = mounted_secret(tmp_path / "secret", "old-token-value")
+    monkeypatch.setenv(auth.TOKEN_FILE_ENV, str(path))
+    monkeypatch.setenv(auth.GRACE_ENV, "60")
+    clock = Clock()
+    mw = auth.ControlAuthMiddleware(_inner_ok, clock=clock)
+    assert await status(mw, "old-token-value") == 200
+    rotate_secret(tmp_path / "secret", "new-token-value")
+    clock.now += auth.CHECK_INTERVAL_SECONDS
+    assert await status(mw, "old-token-value") == 200  # rotation seen here; within the 60 s grace
+    clock.now += 61
+    assert await status(mw, "old-token-value") == 401
+
+
+async def test_no_grace_when_configured_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = mounted_secret(tmp_path / "secret", "old-token-value")
+    monkeypatch.setenv(auth.TOKEN_FILE_ENV, str(path))
+    monkeypatch.setenv(auth.GRACE_ENV, "0")
+    mw = auth.ControlAuthMiddleware(_inner_ok, clock=Clock())
+    assert await status(mw, "old-token-value") == 200
+    rotate_secret(tmp_path / "secret", "new-token-value")
+    assert await status(mw, "new-token-value") == 200
+    assert await status(mw, "old-token-value") == 401
+
+
+@pytest.mark.parametrize("damage", ["removed", "directory", "empty"])
+async def test_a_token_file_that_becomes_unreadable_fails_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    """A cached token must not outlive its Secret: once the file cannot be read, nothing is accepted."""
+    path = tmp_path / "token"
+    path.write_text("old-token-value")
+    monkeypatch.setenv(auth.TOKEN_FILE_ENV, str(path))
+    clock = Clock()
+    mw = auth.ControlAuthMiddleware(_inner_ok, clock=clock)
+    assert await status(mw, "old-token-value") == 200
+    path.unlink()
+    if damage == "directory":
+        path.mkdir()
+    elif damage == "empty":
+        path.write_text("\n")
+    clock.now += auth.CHECK_INTERVAL_SECONDS
+    assert await status(mw, "old-token-value") == 503
+
+
+async def _inner_ok(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})

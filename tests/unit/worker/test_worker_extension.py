@@ -177,6 +177,71 @@ def test_weight_roots(ckpt: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tm
     assert load(WorkerV1(), "verifier", ckpt["v1"], 1)["ok"]
 
 
+def test_the_directory_checked_is_the_directory_read(
+    ckpt: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A link swapped between the roots check and the read must not redirect the load outside the roots.
+
+    The path is resolved once and the load reads the resolved directory; the result still names the path
+    the operator asked for, which is what it compares with its goal.
+    """
+    roots = tmp_path / "roots"
+    inside = write_verifier(roots / "step-1", seed=1)
+    outside = ckpt["v2"]
+    link = roots / "current"
+    link.symlink_to(inside)
+    monkeypatch.setenv("ROLLOUTFLEET_WEIGHT_ROOTS", str(roots))
+    scan = digest.scan_directory
+
+    def swap_then_scan(path: Path | str) -> list[digest.TensorInfo]:
+        link.unlink()
+        link.symlink_to(outside)  # the race: after the check, before the files are opened
+        return scan(path)
+
+    monkeypatch.setattr(digest, "scan_directory", swap_then_scan)
+    res = load(WorkerV1(), "verifier", link, 1)
+    monkeypatch.undo()
+    assert res["ok"] is True, res
+    assert res["digest"] == digest.digest_directory(inside) and res["path"] == str(link)
+
+
+def test_a_shard_linked_outside_the_roots_is_refused(ckpt: dict[str, Path], tmp_path: Path) -> None:
+    """The directory is inside the roots but one shard links out: what is opened must be inside too.
+
+    Shards linked elsewhere inside the roots (a Hugging Face snapshot's ``blobs/``) stay allowed.
+    """
+    roots = tmp_path / "roots"
+    (roots / "blobs").mkdir(parents=True)
+    leaky, snapshot = roots / "leaky", roots / "snapshot"
+    leaky.mkdir()
+    snapshot.mkdir()
+    for f in sorted(ckpt["v1"].glob("*.safetensors")):
+        blob = roots / "blobs" / f.name
+        blob.write_bytes(f.read_bytes())
+        (snapshot / f.name).symlink_to(blob)
+        (leaky / f.name).symlink_to(f if f.name.startswith("model-00002") else blob)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ROLLOUTFLEET_WEIGHT_ROOTS", str(roots))
+    try:
+        w = WorkerV1()
+        res = load(w, "verifier", leaky, 1)
+        assert res["ok"] is False and res["error"]["code"] == "invalid_path", res
+        assert "outside the allowed weight roots" in res["error"]["message"]
+        assert w.rolloutfleet_state()["verifier"] == UNKNOWN  # type: ignore[typeddict-item]
+        res = load(w, "verifier", snapshot, 1)
+        assert res["ok"] is True and res["digest"] == digest.digest_directory(ckpt["v1"])
+    finally:
+        mp.undo()
+
+
+def test_control_characters_in_paths_are_refused(ckpt: dict[str, Path], tmp_path: Path) -> None:
+    """No checkpoint is named with a newline or NUL; such a name only serves to forge log lines."""
+    odd = tmp_path / "step\n1"
+    odd.symlink_to(ckpt["v1"])
+    res = load(WorkerV1(), "verifier", odd, 1)
+    assert res["ok"] is False and res["error"]["code"] == "invalid_path" and "control" in res["error"]["message"]
+
+
 @pytest.mark.parametrize("damage", ["truncate", "corrupt", "empty_dir"])
 def test_bad_files_fail_closed(ckpt: dict[str, Path], damage: str, tmp_path: Path) -> None:
     w = WorkerV1()
@@ -207,6 +272,84 @@ def test_load_weights_failure_is_reported(ckpt: dict[str, Path], tmp_path: Path)
     assert res["ok"] is False and res["error"]["code"] == "load_failed"
     assert "not_a_param" in res["error"]["message"]
     assert w.rolloutfleet_state()["verifier"]["verified"] is False  # type: ignore[typeddict-item]
+
+
+UNKNOWN = {"revision": None, "digest": None, "path": None, "verified": False}
+
+
+def test_a_load_weights_that_stops_early_leaves_the_slot_unknown(
+    ckpt: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only 3 of 19 tensors reached the model: most parameters still hold revision 1.
+
+    Claiming revision 2 (verified, with the publisher's digest) would let the operator resume a pod that
+    serves a mix of two revisions; the slot must read unknown so it never resumes on it.
+    """
+    w = WorkerV1()
+    assert load(w, "verifier", ckpt["v1"], 1)["ok"]
+    real = w.verifier.load_weights
+
+    def three(weights: Any) -> set[str]:
+        return real(item for _, item in zip(range(3), weights, strict=False))
+
+    monkeypatch.setattr(w.verifier, "load_weights", three)
+    res = load(w, "verifier", ckpt["v2"], 2)
+    assert res["ok"] is False and res["error"]["code"] == "incomplete", res
+    assert "3 of 19" in res["error"]["message"]
+    state = w.rolloutfleet_state()
+    assert state["ok"] and state["verifier"] == UNKNOWN
+
+
+def test_names_the_model_ignores_fail_the_load(ckpt: dict[str, Path], tmp_path: Path) -> None:
+    """A checkpoint saved under other names (``transformer.`` for ``model.``) that the model skips silently.
+
+    Every tensor was fed and hashed, so the digest equals the publisher's, yet no parameter changed:
+    vLLM's ``load_weights`` reports which parameters it filled, and any left out must fail the load.
+    """
+    from safetensors.torch import load_file, save_file
+
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    for f in ckpt["v2"].glob("*.safetensors"):
+        tensors = {k.replace("model.", "transformer.", 1): v for k, v in load_file(str(f)).items()}
+        save_file(tensors, str(renamed / f.name))
+    w = WorkerV1()
+    w.verifier.lenient = True
+    assert load(w, "verifier", ckpt["v1"], 1)["ok"]
+    res = load(w, "verifier", renamed, 2)
+    assert res["ok"] is False and res["error"]["code"] == "incomplete", res
+    assert "12 of 13 parameters" in res["error"]["message"]  # lm_head kept its name: loaded
+    assert "model.layers.0.mlp.down_proj.weight" in res["error"]["message"]
+    state = w.rolloutfleet_state()
+    assert state["ok"] and state["verifier"] == UNKNOWN
+
+
+def test_a_draft_need_not_load_what_it_shares_with_the_verifier(ckpt: dict[str, Path]) -> None:
+    """The EAGLE draft's embed_tokens/lm_head are the verifier's: skipped by design, so not required."""
+    w = WorkerV1()
+    assert load(w, "verifier", ckpt["v1"], 1)["ok"]
+    res = load(w, "draft", ckpt["d1"], 1)
+    assert res["ok"] is True and res["skipped"] == ["embed_tokens.weight", "lm_head.weight"]
+
+
+def test_quantized_engines_check_the_feed_only(
+    ckpt: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM checks the loaded names only for unquantized models (quantization methods create parameters
+    no checkpoint carries, e.g. derived scales); a stricter check here would refuse every update there."""
+    from types import SimpleNamespace
+
+    from safetensors.torch import load_file, save_file
+
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for f in ckpt["v2"].glob("*.safetensors"):
+        save_file({k: v for k, v in load_file(str(f)).items() if k != "lm_head.weight"}, str(partial / f.name))
+    w = WorkerV1()
+    res = load(w, "verifier", partial, 2)
+    assert res["ok"] is False and res["error"]["code"] == "incomplete" and "lm_head.weight" in res["error"]["message"]
+    w.model_config = SimpleNamespace(quantization="fp8")  # type: ignore[attr-defined]
+    assert load(w, "verifier", partial, 2)["ok"]
 
 
 def test_level2_sleep_is_noticed(ckpt: dict[str, Path]) -> None:
@@ -240,6 +383,74 @@ def test_sleep_before_first_load_is_noticed() -> None:
         for p in w.verifier.parameters():
             p.zero_()
     assert w.rolloutfleet_state()["resident"] is False  # type: ignore[typeddict-item]
+
+
+def test_a_draft_lookup_that_raises_fails_the_state_report() -> None:
+    """An accessor that raises means this vLLM's layout is not what we know, not "no draft here".
+
+    Reporting ``draft: None`` would tell the operator the engine has no draft, so it would skip the draft
+    load and resume a pod whose draft still holds the previous revision.
+    """
+    w = WorkerV2()
+
+    def broken() -> Any:
+        raise RuntimeError("drafter not initialised")
+
+    w.get_draft_model = broken  # type: ignore[method-assign]
+    state = w.rolloutfleet_state()
+    assert state["ok"] is False and state["error"]["code"] == "internal", state
+    assert "drafter not initialised" in state["error"]["message"]
+    res = load(w, "verifier", Path("/nonexistent"), 1)
+    assert res["ok"] is False
+
+
+def test_a_configured_method_without_a_draft_model_is_an_error(ckpt: dict[str, Path]) -> None:
+    """``--speculative-config`` says eagle, yet no draft module is found: the lookup is broken.
+
+    Saying "no draft" would let a rollout skip the draft and pair a new verifier with an old draft.
+    """
+    w = WorkerV1()
+    w.model_runner.drafter = None
+    state = w.rolloutfleet_state()
+    assert state["ok"] is False and state["error"]["code"] == "internal", state
+    assert "'eagle'" in state["error"]["message"]
+    res = load(w, "verifier", ckpt["v1"], 1)
+    assert res["ok"] is False and res["error"]["code"] == "internal"
+
+
+def test_methods_without_a_draft_model_and_ranks_without_the_drafter_report_no_draft(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """n-gram/suffix speculation has no draft module, and vLLM builds the drafter on the last pipeline
+    rank only: there "no draft" is the truth, and the configured method is still reported."""
+    from types import SimpleNamespace
+
+    w = WorkerV1(draft="none")
+    w.speculative_config = SimpleNamespace(method="ngram")
+    state = w.rolloutfleet_state()
+    assert state["ok"] and state["draft"] is None and state["draft_method"] == "ngram"
+    w = WorkerV1()
+    w.model_runner.drafter = None
+    monkeypatch.setattr(models, "last_pipeline_rank", lambda: False)
+    state = w.rolloutfleet_state()
+    assert state["ok"] and state["draft"] is None and state["draft_method"] == "eagle"
+
+
+def test_draft_method_is_reported_as_configured() -> None:
+    """The operator compares ``draft_method`` with the fleet spec; an enum-valued method is its value,
+    and a method that is no name at all is an error rather than a silent None."""
+    import enum
+    from types import SimpleNamespace
+
+    class Method(enum.Enum):
+        EAGLE3 = "eagle3"
+
+    w = WorkerV2()
+    w.vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(method=Method.EAGLE3))
+    assert w.rolloutfleet_state()["draft_method"] == "eagle3"  # type: ignore[typeddict-item]
+    w.vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(method=3))
+    state = w.rolloutfleet_state()
+    assert state["ok"] is False and state["error"]["code"] == "internal"
 
 
 def test_unwrap_is_bounded_and_skips_forwarders() -> None:
@@ -302,3 +513,55 @@ def test_pointer_mapped_reads_the_driver_answer() -> None:
     assert models._pointer_mapped(Driver(0, 0), 0x1000) is False
     assert models._pointer_mapped(Driver(1, 0), 0x1000) is False  # CUDA_ERROR_INVALID_VALUE: unmapped
     assert models.weights_mapped(TinyLlama()) is True  # CPU parameters: nothing to check
+
+
+def test_preflight_checks_a_good_checkpoint_without_reading_tensors(
+    ckpt: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator pre-flights every pod before it pauses one: that must cost headers, not bytes."""
+    from rolloutfleet_worker import loader_base
+
+    w = WorkerV1()
+    before = snapshot(w.verifier)
+    monkeypatch.setattr(digest, "hash_tensor", lambda *a, **k: pytest.fail("hashed tensor bytes"))
+    monkeypatch.setattr(loader_base, "read_into", lambda *a: pytest.fail("read tensor bytes"))
+    monkeypatch.setattr(w.verifier, "load_weights", lambda weights: pytest.fail("fed the model"))
+    res = w.rolloutfleet_preflight("verifier", str(ckpt["v1"]))
+    report = digest.scan_directory(ckpt["v1"])
+    assert res == {
+        "ok": True,
+        "target": "verifier",
+        "path": str(ckpt["v1"]),
+        "tensors": 19,
+        "bytes": sum(t.nbytes for t in report),
+    }
+    assert all(torch.equal(t, before[n]) for n, t in snapshot(w.verifier).items())
+    monkeypatch.undo()
+    assert load(w, "verifier", ckpt["v1"], 1)["ok"]
+    res = w.rolloutfleet_preflight("draft", str(ckpt["d1"]))  # shared tensors neither needed nor counted
+    assert res["ok"] is True and res["tensors"] == 11
+
+
+def test_preflight_refuses_a_checkpoint_too_small_for_the_model(ckpt: dict[str, Path], tmp_path: Path) -> None:
+    """A one-layer checkpoint for a two-layer model cannot fill it, whatever its names map to."""
+    from safetensors.torch import load_file, save_file
+
+    small = tmp_path / "one-layer"
+    small.mkdir()
+    for f in ckpt["v1"].glob("*.safetensors"):
+        save_file({k: v for k, v in load_file(str(f)).items() if ".1." not in k}, str(small / f.name))
+    res = WorkerV1().rolloutfleet_preflight("verifier", str(small))
+    assert res["ok"] is False and res["error"]["code"] == "incomplete" and "elements" in res["error"]["message"]
+
+
+def test_preflight_reports_what_a_load_would(
+    ckpt: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad = ckpt["v2"] / "model-00002-of-00002.safetensors"
+    bad.write_bytes(bad.read_bytes()[:-100])
+    w = WorkerV1(draft="none")
+    assert w.rolloutfleet_preflight("verifier", str(ckpt["v2"]))["error"]["code"] == "io"  # type: ignore[typeddict-item]
+    assert w.rolloutfleet_preflight("draft", str(ckpt["d1"]))["error"]["code"] == "no_draft"  # type: ignore[typeddict-item]
+    assert w.rolloutfleet_preflight("lm", str(ckpt["v1"]))["error"]["code"] == "invalid_target"  # type: ignore[typeddict-item]
+    monkeypatch.setenv("ROLLOUTFLEET_WEIGHT_ROOTS", str(tmp_path / "elsewhere"))
+    assert w.rolloutfleet_preflight("verifier", str(ckpt["v1"]))["error"]["code"] == "invalid_path"  # type: ignore[typeddict-item]

@@ -169,12 +169,58 @@ def test_skipped_tensors_are_hashed_but_not_fed(ckpt: Path, options: loader.Load
     [loader.LoadOptions(chunk_bytes=64, readahead_bytes=1), mapped(window_bytes=mmap.PAGESIZE, readahead_bytes=1)],
     ids=["read", "mapped"],
 )
-def test_a_loader_that_stops_early_still_gets_the_whole_digest(ckpt: Path, options: loader.LoadOptions) -> None:
+def test_a_loader_that_stops_early_fails_the_load(ckpt: Path, options: loader.LoadOptions) -> None:
+    """A ``load_weights`` that returns after 2 of 19 tensors left most parameters holding the old weights.
+
+    Reporting the checkpoint's digest for that model would tell the operator the new revision is resident
+    when most of it is not, so the load must fail (and no digest be produced), with every thread stopped.
+    """
     model = Recorder(stop_after=2)
-    outcome = loader.stream_into(model, ckpt, options=options)
-    assert outcome.tensors == 2 and len(model.seen) == 2
-    assert outcome.digest == digest.digest_directory(ckpt)
+    with pytest.raises(loader.IncompleteLoadError, match="2 of 19") as failed:
+        loader.stream_into(model, ckpt, options=options)
+    assert "digest" not in str(failed.value)
+    assert len(model.seen) == 2
     assert pipeline_threads() == []
+    if isinstance(options.pinner, RecordingPinner):
+        assert options.pinner.live == {}
+
+
+class Reporting(Recorder):
+    """A ``load_weights`` that returns the names it loaded, as vLLM's models do, minus ``ignore``d ones."""
+
+    def __init__(self, ignore: str = "") -> None:
+        super().__init__()
+        self.ignore = ignore
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:  # type: ignore[override]
+        super().load_weights(weights)
+        return {n for n in self.seen if not (self.ignore and n.startswith(self.ignore))}
+
+
+@pytest.mark.parametrize("options", [loader.LoadOptions(), mapped()], ids=["read", "mapped"])
+def test_a_parameter_the_model_did_not_report_loaded_fails_the_load(ckpt: Path, options: loader.LoadOptions) -> None:
+    """Every tensor was fed, but the model says it never filled ``lm_head.weight`` (a name it ignored).
+
+    vLLM's ``load_weights`` returns the parameters it loaded, and vLLM itself refuses a start-up load
+    that leaves one out; a parameter left out here still holds the previous revision, so claiming the
+    new digest for it would be false.
+    """
+    names = set(expected(ckpt))
+    with pytest.raises(loader.IncompleteLoadError, match=r"lm_head\.weight"):
+        loader.stream_into(Reporting(ignore="lm_head"), ckpt, options=options, required=names)
+    assert pipeline_threads() == []
+    outcome = loader.stream_into(Reporting(), ckpt, options=options, required=names)
+    assert outcome.digest == digest.digest_directory(ckpt)
+
+
+def test_a_model_whose_loader_returns_nothing_is_checked_by_the_feed_alone(ckpt: Path) -> None:
+    """Some loaders return None instead of the loaded names: then a complete feed is all we can check.
+
+    Refusing them outright would make such engines unable to take any update; the feed check still
+    catches a loader that stops early (test above).
+    """
+    outcome = loader.stream_into(Recorder(), ckpt, required={"model.never.loaded"})
+    assert outcome.digest == digest.digest_directory(ckpt) and outcome.tensors == 19
 
 
 @pytest.mark.parametrize(
@@ -458,3 +504,42 @@ def test_the_warm_up_options_do_not_probe_page_locking(monkeypatch: pytest.Monke
     monkeypatch.setattr(loader_cuda, "cuda_pinner", lambda sample=None: pytest.fail("probed"))
     opts: Any = extension.load_options(pin=True, probe=False)
     assert opts.pinner is None and opts.bounce_share == 1.0
+
+
+@pytest.mark.parametrize(
+    "options", [loader.LoadOptions(), mapped(), mapped(bounce_share=1.0)], ids=["read", "mapped", "bounced"]
+)
+def test_a_shard_swapped_outside_after_the_check_is_refused_when_opened(
+    ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: loader.LoadOptions
+) -> None:
+    """The roots are enforced on what each pipeline actually opened, not only on the names checked before.
+
+    Here the per-file check is skipped (as if a link were swapped right after it): the open must refuse.
+    """
+    import dataclasses
+
+    roots = tmp_path / "roots"
+    inside = roots / "step"
+    inside.mkdir(parents=True)
+    for f in sorted(ckpt.glob("*.safetensors")):
+        (inside / f.name).symlink_to(f)  # every shard links out of the roots
+    monkeypatch.setattr(loader_base, "confine", lambda infos, roots: infos)
+    opts = dataclasses.replace(options, roots=(os.path.realpath(roots),))
+    with pytest.raises(loader_base.OutsideRootsError, match="outside the allowed weight roots"):
+        loader.stream_into(Recorder(), inside, options=opts)
+    assert pipeline_threads() == []
+    assert loader.stream_into(Recorder(), inside, options=options).digest == digest.digest_directory(ckpt)
+
+
+def test_no_header_outside_the_roots_is_read(ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard linked out of the roots is refused before its header is opened: not even its first bytes
+    (or a parse error quoting them) may come from outside."""
+    roots = tmp_path / "roots"
+    inside = roots / "step"
+    inside.mkdir(parents=True)
+    for f in sorted(ckpt.glob("*.safetensors")):
+        (inside / f.name).symlink_to(f)
+    monkeypatch.setattr(digest, "read_header", lambda file: pytest.fail(f"read the header of {file}"))
+    opts = loader.LoadOptions(roots=(os.path.realpath(roots),))
+    with pytest.raises(loader_base.OutsideRootsError):
+        loader.stream_into(Recorder(), inside, options=opts)

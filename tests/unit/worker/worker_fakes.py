@@ -60,8 +60,15 @@ def _holder(*shape: int) -> nn.Module:
     return m
 
 
-def stacked_load(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], rename: Any = None) -> set[str]:
-    """vLLM-Llama-style loader: in-place copies, q/k/v and gate/up into stacked slices."""
+def stacked_load(
+    module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], rename: Any = None, *, lenient: bool = False
+) -> set[str]:
+    """vLLM-Llama-style loader: in-place copies, q/k/v and gate/up into stacked slices.
+
+    Returns the names of the parameters it loaded, as vLLM's ``load_weights`` does. ``lenient``: names
+    it has no parameter for are skipped silently, as many vLLM loaders do (``if name not in params_dict:
+    continue``) for tensors they deliberately ignore.
+    """
     params = dict(module.named_parameters())
     loaded: set[str] = set()
     for ckpt_name, w in weights:
@@ -70,12 +77,16 @@ def stacked_load(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
             if shard_name not in name:
                 continue
             target = name.replace(shard_name, param_name)
+            if lenient and target not in params:
+                break
             param = params[target]
             size = w.shape[0]
             param.data[shard * size : (shard + 1) * size].copy_(w)
             loaded.add(target)
             break
         else:
+            if lenient and name not in params:
+                continue
             if name not in params:
                 raise KeyError(f"unexpected weight {ckpt_name}")
             params[name].data.copy_(w)
@@ -88,6 +99,7 @@ class TinyLlama(nn.Module):
 
     def __init__(self, layers: int = 2) -> None:
         super().__init__()
+        self.lenient = False  # skip names it has no parameter for (see stacked_load)
         self.model = nn.Module()
         self.model.embed_tokens = _holder(VOCAB, HIDDEN)
         self.model.layers = nn.ModuleList([Layer() for _ in range(layers)])
@@ -95,7 +107,7 @@ class TinyLlama(nn.Module):
         self.lm_head = _holder(VOCAB, HIDDEN)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return stacked_load(self, weights)
+        return stacked_load(self, weights, lenient=self.lenient)
 
 
 class EagleDraft(nn.Module):
