@@ -23,7 +23,7 @@ import pytest
 from contract_support import TOKEN, Target, Weights, write_checkpoint
 
 from rolloutfleet.adapters.engine import EngineClient, EnginePool, ResetPolicy, RetryPolicy
-from rolloutfleet.sim import EngineSpec, SimulatedFleet
+from rolloutfleet.sim import EngineSpec, Latencies, SimulatedFleet
 
 
 # The simulator plays both vLLM releases the project meets: 0.33 (the image) and 0.26 (the lent GPU).
@@ -51,7 +51,8 @@ async def target(tmp_path: pathlib.Path, request: pytest.FixtureRequest) -> Asyn
         draft_policy="coUpdate",
         vllm_version=request.param,
     )
-    async with SimulatedFleet(token=TOKEN, spec=spec) as fleet:
+    # A finite generation speed, as on a GPU: a long request is still running when a test pauses.
+    async with SimulatedFleet(token=TOKEN, spec=spec, latencies=Latencies(token_s=0.001)) as fleet:
         engine = await fleet.add("127.0.0.1", 0)
         yield Target(engine.url, TOKEN, weights, real=False)
 

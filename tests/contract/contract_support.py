@@ -48,3 +48,19 @@ def metric_sum(text: str, name: str) -> float:
         if m:
             total += float(m.group(2))
     return total
+
+
+READY_PATH = "/rolloutfleet/ready"
+ADMIT_PATH = "/rolloutfleet/admit"
+WITHDRAW_PATH = "/rolloutfleet/withdraw"
+
+
+async def call(
+    target: Target, method: str, route: str, *, token: str | None = None, json: object = None
+) -> tuple[int, dict[str, str], str]:
+    """One raw HTTP call to the engine: (status, headers, body text). ``token`` None sends no header."""
+    import aiohttp
+
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession() as s, s.request(method, target.url + route, headers=headers, json=json) as r:
+        return r.status, dict(r.headers), await r.text()

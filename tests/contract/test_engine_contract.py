@@ -8,10 +8,12 @@ difference between the two is a simulator bug. Assertions go through the operato
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 
 import aiohttp
 import pytest
-from contract_support import Target, metric_sum
+from contract_support import ADMIT_PATH, READY_PATH, WITHDRAW_PATH, Target, call, metric_sum
 
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.adapters.engine_wire import EngineRPCError
@@ -209,6 +211,41 @@ async def test_reset_prefix_cache_succeeds_when_idle(engine: EngineClient) -> No
     assert await engine.reset_prefix_cache()
 
 
+LONG = 1000  # tokens: a generation still running when the test pauses the engine
+
+
+async def until_a_request_runs(engine: EngineClient) -> None:
+    """Until the scheduler runs a request, i.e. it holds KV blocks (an engine offers no event: poll)."""
+    for _ in range(1000):
+        if metric_sum(await engine.metrics(), "vllm:num_requests_running") >= 1:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("no request was ever scheduled")
+
+
+async def test_held_blocks_refuse_a_plain_reset_and_preempting_them_resets(
+    target: Target, engine: EngineClient
+) -> None:
+    """What the resume step relies on (vLLM 0.26 and 0.33, ``vllm/v1/core/sched/scheduler.py``): a request
+    frozen by pause(keep) holds its KV blocks, so a plain reset answers ``{"success": false}``; with
+    ``reset_running_requests=true`` vLLM preempts it first and the reset succeeds while the engine stays
+    paused; after resume the request is recomputed and completes in full."""
+    held = asyncio.ensure_future(complete(target, max_tokens=LONG))
+    await until_a_request_runs(engine)
+    await engine.pause(mode="keep", clear_cache=False)
+    headers = {"Authorization": f"Bearer {target.token}"}
+    async with aiohttp.ClientSession() as s, s.post(target.url + "/reset_prefix_cache", headers=headers) as resp:
+        assert resp.status == 200
+        assert await resp.json() == {"success": False}
+    assert await engine.reset_prefix_cache(reset_running_requests=True) is True
+    assert await engine.is_paused()  # the reset resumes nothing
+    assert await engine.reset_prefix_cache() is True  # nothing is held any more
+    await engine.resume()
+    status, body = await asyncio.wait_for(held, 120)
+    assert status == 200
+    assert body["usage"]["completion_tokens"] == LONG and body["choices"][0]["finish_reason"] == "length"
+
+
 async def test_full_sleep_mode_transaction(target: Target, engine: EngineClient) -> None:
     w = target.weights
     await load_pair(engine, w.verifier_a, w.draft_a, 1)
@@ -270,3 +307,52 @@ async def test_extension_reports_whether_weights_are_mapped(target: Target, engi
     woken = await engine.observe()
     assert woken.mapped is True and not woken.resident  # mapped, but the contents are gone until reloaded
     await load_pair(engine, target.weights.verifier_a, target.weights.draft_a, 1)
+
+
+# --- admission: the readiness probe answers 200 only once the operator admitted this engine process -----
+# (worker_image/README.md "Admission"). Every test that admits withdraws again, so the shared real engine
+# starts each test un-admitted.
+
+
+async def test_a_new_engine_is_not_ready_and_the_probe_needs_no_token(target: Target) -> None:
+    for token in (None, "wrong", target.token):  # kubelet probes carry none; a token changes nothing
+        status, _, text = await call(target, "GET", READY_PATH, token=token)
+        assert status == 503 and json.loads(text) == {"admitted": False}
+    status, _, _ = await call(target, "GET", "/health")
+    assert status == 200  # liveness and startup probes are unchanged
+
+
+async def test_admission_changes_require_the_bearer_token(target: Target) -> None:
+    for route in (ADMIT_PATH, WITHDRAW_PATH):
+        for token in (None, "wrong"):
+            status, headers, text = await call(target, "POST", route, token=token, json={"revision": 1})
+            assert status == 401 and headers.get("WWW-Authenticate") == "Bearer", (route, token)
+            assert "error" in json.loads(text)
+    status, _, _ = await call(target, "GET", READY_PATH)
+    assert status == 503  # nothing above admitted the engine
+
+
+async def test_admit_makes_the_engine_ready_and_withdraw_takes_it_back(target: Target) -> None:
+    try:
+        status, _, text = await call(target, "POST", ADMIT_PATH, token=target.token, json={"revision": 3})
+        admitted = json.loads(text)
+        assert status == 200 and admitted["admitted"] is True and admitted["revision"] == 3
+        assert isinstance(admitted["since"], int | float) and abs(admitted["since"] - time.time()) < 300
+        status, _, text = await call(target, "GET", READY_PATH)
+        assert status == 200 and json.loads(text) == admitted
+        assert target.token not in text
+        status, _, text = await call(target, "POST", ADMIT_PATH, token=target.token, json={"revision": None})
+        assert status == 200 and json.loads(text)["revision"] is None
+    finally:
+        status, _, text = await call(target, "POST", WITHDRAW_PATH, token=target.token)
+    assert status == 200 and json.loads(text) == {"admitted": False}
+    status, _, text = await call(target, "GET", READY_PATH)
+    assert status == 503 and json.loads(text) == {"admitted": False}
+
+
+@pytest.mark.parametrize("body", [{}, {"revision": "3"}, {"revision": True}, {"revision": -1}, [3]])
+async def test_admit_refuses_a_body_without_a_valid_revision(target: Target, body: object) -> None:
+    status, _, text = await call(target, "POST", ADMIT_PATH, token=target.token, json=body)
+    assert status == 400 and json.loads(text)["error"]["type"] == "BadRequestError"
+    status, _, _ = await call(target, "GET", READY_PATH)
+    assert status == 503

@@ -7,6 +7,10 @@ ASGI middleware owns that gate: generation and probe routes stay open, everythin
 ``Authorization: Bearer <token>`` with the token read from a mounted Secret file. Deny by default, so a
 control route added by a future vLLM is protected before anyone lists it here.
 
+It also serves the admission routes itself (``rolloutfleet_worker.admission``; vLLM has none of them):
+``GET /rolloutfleet/ready`` is open (the pod's readiness probe, no token), ``POST /rolloutfleet/admit`` and
+``POST /rolloutfleet/withdraw`` need the token like every control route and never reach vLLM.
+
 The Secret can be replaced while engines run (kubelet swaps the mounted files in place): the file is
 checked again every ``CHECK_INTERVAL_SECONDS`` and before any refusal, and after a change the previous
 token stays valid for a grace period (``ROLLOUTFLEET_CONTROL_TOKEN_GRACE_SECONDS``) so an operator that
@@ -24,6 +28,8 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any, Final
+
+from rolloutfleet_worker import admission
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -45,7 +51,18 @@ log = logging.getLogger("vllm.rolloutfleet")
 # Routes anyone reaching the pod may call: probes, metrics, and generation (guarded by vLLM's own
 # --api-key when set). Everything else, listed or not, needs the token.
 OPEN_EXACT: Final = frozenset(
-    {"/health", "/ping", "/metrics", "/version", "/load", "/tokenize", "/detokenize", "/invocations", "/v1"}
+    {
+        "/health",
+        "/ping",
+        "/metrics",
+        "/version",
+        "/load",
+        "/tokenize",
+        "/detokenize",
+        "/invocations",
+        "/v1",
+        admission.READY_PATH,  # answered here, never by vLLM
+    }
 )
 OPEN_PREFIXES: Final = ("/v1/", "/metrics/")
 
@@ -171,9 +188,17 @@ class TokenFile:
 class ControlAuthMiddleware:
     """Pure ASGI middleware; one instance per app. ``clock`` is for the tests (monotonic seconds)."""
 
-    def __init__(self, app: ASGIApp, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self.app = app
         self.tokens = TokenFile(clock)
+        # This API server process's admission: a restarted container starts without it.
+        self.admission = admission.Admission(wall_clock)
 
     def _authorized(self, scope: Scope) -> bool:
         for key, value in scope.get("headers", ()):
@@ -185,7 +210,11 @@ class ControlAuthMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope.get("type")
-        if kind not in ("http", "websocket") or is_open(str(scope.get("path", ""))):
+        path = str(scope.get("path", ""))
+        if kind == "http" and path == admission.READY_PATH:
+            await admission.serve_ready(self.admission, scope, send)
+            return
+        if kind not in ("http", "websocket") or is_open(path):
             await self.app(scope, receive, send)
             return
         self.tokens.refresh()
@@ -194,6 +223,9 @@ class ControlAuthMiddleware:
             # The Secret may have just been replaced (the caller holds the new token): look before refusing.
             self.tokens.refresh(force=True)
             authorized = self._authorized(scope)
+        if authorized and kind == "http" and path in admission.CONTROL_PATHS:
+            await admission.serve_control(self.admission, scope, receive, send)
+            return
         if authorized:
             await self.app(scope, receive, send)
             return

@@ -90,10 +90,11 @@ rollout and nothing else is granted. Why each one:
 - apiGroups: ["rolloutfleet.io"]
   resources: ["rolloutfleets/status"]
   verbs: ["patch"]
-# kopf lists and watches revisions and patches their annotations; the revision loop LISTs them per fleet.
+# kopf lists and watches revisions and patches their annotations; the revision loop LISTs them per fleet,
+# and GETs a revision once before recording it as served (a revision deleted meanwhile is cancelled).
 - apiGroups: ["rolloutfleet.io"]
   resources: ["weightrevisions"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 # WeightRevision status (phase, per-pod progress, conditions).
 - apiGroups: ["rolloutfleet.io"]
   resources: ["weightrevisions/status"]
@@ -102,6 +103,11 @@ rollout and nothing else is granted. Why each one:
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
+# The weights readiness gate (rolloutfleet.io/weights-ready): a strategic-merge patch of one pod condition,
+# so a pod joins the Service only while it serves the fleet's verified weights.
+- apiGroups: [""]
+  resources: ["pods/status"]
+  verbs: ["patch"]
 # Fleet children are server-side applied: one PATCH that updates, or creates when absent (the API server
 # then checks `create` too). The StatefulSet is read back for the fleet's status.
 - apiGroups: [""]

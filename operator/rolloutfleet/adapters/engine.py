@@ -5,11 +5,24 @@ It owns the engine's wire contract: vLLM's dev routes (``VLLM_SERVER_DEV_MODE=1`
 extension's RPCs through ``POST /collective_rpc``. Every control route carries the bearer token that the
 image's auth middleware requires; ``/health``, ``/metrics`` and ``/v1/*`` are open and get no token.
 
-Retries: only idempotent calls (GETs and the ``rolloutfleet_state`` RPC) are retried, with exponential
-backoff and full jitter, on unreachable/timeout/502/503/504. A state-changing call (pause, sleep, load...)
-is sent once: after a lost answer only a fresh ``observe()`` can tell whether it happened, which is what
-the level-based planner does anyway. ``reset_prefix_cache`` is re-sent while vLLM answers
-``{"success": false}`` (blocks still held), which is safe because the reset is idempotent by nature.
+Deadlines: every call takes ``deadline`` (seconds) from its caller, and that is exactly how long it may
+take, retries included; ``reconcile.executor`` passes the fleet's ``updateStrategy.timeouts`` for each
+step. Without one a call falls back to ``EngineTimeouts`` (the sandbox, the benchmarks). Only the TCP
+connect has a bound of its own (``EngineTimeouts.connect``): a pod IP that never answers a SYN is not a
+load that is still running. Loads also send vLLM's own RPC ``timeout``, a little below the HTTP deadline,
+so the engine gives up and answers before the client does.
+
+Retries: only idempotent calls (GETs, the ``rolloutfleet_state`` RPC, the parity probe) are retried, with
+exponential backoff and full jitter, on unreachable/502/503/504 while their deadline lasts. A
+state-changing call (pause, sleep, load...) is sent once: after a lost answer only a fresh ``observe()``
+can tell whether it happened, which is what the level-based planner does anyway. A load whose outcome is
+unknown (its HTTP call timed out, was cancelled, lost its connection or got a 5xx) blocks the next load to
+the same engine (``LoadOutcomeUnknown``) until a state read started after it succeeded: vLLM runs RPCs one
+at a time, so a second load would queue behind the first. ``reset_prefix_cache`` is re-sent while vLLM
+answers ``{"success": false}`` (blocks still held), which is safe because the reset is idempotent.
+
+``observe()`` reports an engine it cannot observe as ``EngineState.failed(fault, error)``, with the fault
+told apart (``engine_wire.fault_of``); only programming errors propagate.
 
 A ``LatencyHook`` receives (step, seconds, outcome) per HTTP attempt so the operator can export
 Prometheus histograms without this module importing prometheus. The token is never logged or put in
@@ -23,25 +36,45 @@ import dataclasses
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
 import aiohttp
 
 from rolloutfleet.adapters import engine_wire as wire
+from rolloutfleet.adapters.engine_policy import (
+    RPC_TIMEOUT_MARGIN_SECONDS,
+    EngineTimeouts,
+    LoadLedger,
+    ResetPolicy,
+    RetryPolicy,
+    rpc_timeout_below,
+)
 from rolloutfleet.adapters.engine_wire import (
     EngineHTTPError,
-    EngineInconsistent,
     EngineProtocolError,
-    EngineRPCError,
     EngineTimeout,
     EngineUnreachable,
+    LoadOutcomeUnknown,
+    fault_of,
     state_from_wire,
 )
 from rolloutfleet.api import engine as api
 
+__all__ = [
+    "EngineClient",
+    "EnginePool",
+    "EngineTimeouts",
+    "LatencyHook",
+    "LoadLedger",
+    "ResetPolicy",
+    "RetryPolicy",
+    "rpc_timeout_below",
+]
+
 # Routes the image's auth middleware leaves open: they never get the token (least exposure).
-OPEN_EXACT = frozenset({"/health", "/ping", "/metrics", "/version", "/v1"})
+OPEN_EXACT = frozenset({"/health", "/ping", "/metrics", "/version", "/v1", "/rolloutfleet/ready"})
+READY_PATH, ADMIT_PATH, WITHDRAW_PATH = "/rolloutfleet/ready", "/rolloutfleet/admit", "/rolloutfleet/withdraw"
 OPEN_PREFIXES = ("/v1/", "/metrics/")
 RETRYABLE_STATUS = frozenset({502, 503, 504})
 
@@ -50,39 +83,6 @@ class LatencyHook(Protocol):
     """Called once per HTTP attempt. ``outcome``: ok | http_error | timeout | unreachable."""
 
     def __call__(self, step: str, seconds: float, outcome: str) -> None: ...
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """Exponential backoff with full jitter for idempotent calls; ``attempts`` counts the first try."""
-
-    attempts: int = 3
-    base_delay: float = 0.1
-    max_delay: float = 2.0
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        return rng.uniform(0.0, min(self.max_delay, self.base_delay * (2**attempt)))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class EngineTimeouts:
-    """Per-call HTTP timeouts in seconds. A load moves a whole checkpoint, so it gets its own budget."""
-
-    default: float = 10.0
-    pause: float = 120.0  # mode=wait drains in-flight requests
-    sleep: float = 120.0
-    wake_up: float = 120.0
-    load: float = 900.0
-    reset_prefix_cache: float = 30.0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ResetPolicy:
-    """How long to keep re-sending ``/reset_prefix_cache`` while it answers ``success: false``."""
-
-    attempts: int = 20
-    base_delay: float = 0.05
-    max_delay: float = 1.0
 
 
 class EngineClient:
@@ -100,12 +100,16 @@ class EngineClient:
         on_latency: LatencyHook | None = None,
         rng: random.Random | None = None,
         unversioned: dict[str, float] | None = None,
+        loads: LoadLedger | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         # Shared by the pool's clients: engines whose /weight_info answered 404, and when (monotonic).
         self._unversioned = unversioned if unversioned is not None else {}
+        # Shared by the pool's clients (each reconcile pass makes new ones): loads of unknown outcome.
+        self._loads = loads if loads is not None else LoadLedger()
         self._session = session
-        self._token = token
+        self._credentials = credentials if credentials is not None else Credentials(token)
         self.timeouts = timeouts or EngineTimeouts()
         self.retry = retry or RetryPolicy()
         self.reset = reset or ResetPolicy()
@@ -113,76 +117,107 @@ class EngineClient:
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
 
     def __repr__(self) -> str:
-        return f"EngineClient({self.base_url!r}, token={'<redacted>' if self._token else None})"
+        return f"EngineClient({self.base_url!r}, token={'<redacted>' if self._credentials.token else None})"
 
     # --- vLLM dev routes -------------------------------------------------------------------------
 
-    async def pause(self, mode: wire.PauseMode = "keep", clear_cache: bool = False) -> None:
-        """``POST /pause``. ``keep`` freezes in-flight requests until resume; ``clear_cache=False`` keeps KV."""
+    async def pause(
+        self, mode: wire.PauseMode = "keep", clear_cache: bool = False, *, deadline: float | None = None
+    ) -> None:
+        """``POST /pause``. ``keep`` freezes in-flight requests until resume; ``clear_cache=False`` keeps KV.
+
+        vLLM's own default is ``clear_cache=true``, which in keep mode preempts the frozen requests.
+        """
         await self._call(
             "POST",
             "/pause",
             step="pause",
             params=[("mode", mode), ("clear_cache", _bool(clear_cache))],
-            budget=self.timeouts.pause,
+            deadline=_or(deadline, self.timeouts.pause),
         )
 
-    async def resume(self) -> None:
-        await self._call("POST", "/resume", step="resume")
+    async def resume(self, *, deadline: float | None = None) -> None:
+        await self._call("POST", "/resume", step="resume", deadline=deadline)
 
-    async def is_paused(self) -> bool:
-        body = await self._call("GET", "/is_paused", step="is_paused", idempotent=True)
+    async def is_paused(self, *, deadline: float | None = None) -> bool:
+        body = await self._call("GET", "/is_paused", step="is_paused", idempotent=True, deadline=deadline)
         return bool(_field(body, "is_paused", bool, self.base_url, "is_paused"))
 
-    async def sleep(self, level: int, mode: wire.PauseMode | None = None) -> None:
+    async def sleep(self, level: int, mode: wire.PauseMode | None = None, *, deadline: float | None = None) -> None:
         """``POST /sleep?level=N``. vLLM 0.26 and 0.33 both answer an empty 200. ``mode`` is passed through
         (vLLM defaults to ``abort`` for the requests it finds in flight)."""
         params: list[tuple[str, str]] = [("level", str(level))]
         if mode is not None:
             params.append(("mode", mode))
-        await self._call("POST", "/sleep", step="sleep", params=params, budget=self.timeouts.sleep)
+        await self._call("POST", "/sleep", step="sleep", params=params, deadline=_or(deadline, self.timeouts.sleep))
 
-    async def wake_up(self, tags: Sequence[wire.WakeTag] | None = None) -> None:
+    async def wake_up(self, tags: Sequence[wire.WakeTag] | None = None, *, deadline: float | None = None) -> None:
         """``POST /wake_up?tags=...``; no tags wakes everything."""
         params = [("tags", t) for t in tags] if tags else None
         step = "wake_up:" + ",".join(tags) if tags else "wake_up"
-        await self._call("POST", "/wake_up", step=step, params=params, budget=self.timeouts.wake_up)
+        await self._call("POST", "/wake_up", step=step, params=params, deadline=_or(deadline, self.timeouts.wake_up))
 
-    async def is_sleeping(self) -> bool:
-        body = await self._call("GET", "/is_sleeping", step="is_sleeping", idempotent=True)
+    async def is_sleeping(self, *, deadline: float | None = None) -> bool:
+        body = await self._call("GET", "/is_sleeping", step="is_sleeping", idempotent=True, deadline=deadline)
         return bool(_field(body, "is_sleeping", bool, self.base_url, "is_sleeping"))
 
-    async def reset_prefix_cache(self) -> bool:
-        """Reset the prefix cache, re-sending while vLLM answers ``success: false`` (blocks held).
+    async def reset_prefix_cache(self, *, reset_running_requests: bool = False, deadline: float | None = None) -> bool:
+        """``POST /reset_prefix_cache``: True once vLLM answered ``{"success": true}``.
 
-        Returns True once reset (0.26's empty 200 counts as success), False when still refused after
-        ``ResetPolicy.attempts`` tries: the caller decides whether that fails the step.
+        vLLM 0.26 and 0.33 refuse a plain reset (``success: false``) while any KV block is held, e.g. by
+        requests frozen by ``pause(keep)``; it is re-sent per ``ResetPolicy`` within ``deadline`` and False
+        is returned if it never went through. ``reset_running_requests=True`` first preempts the running
+        requests (vLLM frees their blocks and recomputes them when they are scheduled again), so only a
+        failure of the reset itself remains (vLLM answers 500). Any other body cannot confirm a reset:
+        ``EngineProtocolError``.
         """
-        for attempt in range(self.reset.attempts):
+        loop = asyncio.get_running_loop()
+        end = loop.time() + _or(deadline, self.timeouts.reset_prefix_cache)
+        params = [("reset_running_requests", "true")] if reset_running_requests else None
+        for attempt in range(max(1, self.reset.attempts)):
             body = await self._call(
-                "POST", "/reset_prefix_cache", step="reset_prefix_cache", budget=self.timeouts.reset_prefix_cache
+                "POST",
+                "/reset_prefix_cache",
+                step="reset_prefix_cache",
+                params=params,
+                deadline=max(0.0, end - loop.time()),
             )
-            if not isinstance(body, dict) or body.get("success", True) is not False:
+            if not isinstance(body, dict) or not isinstance(body.get("success"), bool):
+                raise EngineProtocolError(
+                    f"unexpected /reset_prefix_cache body: {str(body)[:200]}", url=self.base_url, step="reset"
+                )
+            if body["success"]:
                 return True
-            if attempt + 1 < self.reset.attempts:
-                await asyncio.sleep(min(self.reset.max_delay, self.reset.base_delay * (2**attempt)))
+            pause = min(self.reset.max_delay, self.reset.base_delay * (2**attempt))
+            if attempt + 1 >= self.reset.attempts or loop.time() + pause >= end:
+                break
+            await asyncio.sleep(pause)
         return False
 
-    async def update_weight_version(self, version: str) -> None:
-        await self._call("POST", "/update_weight_version", step="update_weight_version", json={"new_version": version})
+    async def update_weight_version(self, version: str, *, deadline: float | None = None) -> None:
+        await self._call(
+            "POST",
+            "/update_weight_version",
+            step="update_weight_version",
+            json={"new_version": version},
+            deadline=deadline,
+        )
 
-    async def weight_info(self) -> str | None:
-        body = await self._call("GET", "/weight_info", step="weight_info", idempotent=True)
+    async def weight_info(self, *, deadline: float | None = None) -> str | None:
+        body = await self._call("GET", "/weight_info", step="weight_info", idempotent=True, deadline=deadline)
         if not isinstance(body, dict) or "weight_version" not in body:
             raise EngineProtocolError(f"unexpected /weight_info body: {body!r}", url=self.base_url, step="weight_info")
         value = body["weight_version"]
         return None if value is None else str(value)
 
-    async def greedy_logprobs(self, prompt_token_ids: Sequence[int], max_tokens: int) -> list[float]:
+    async def greedy_logprobs(
+        self, prompt_token_ids: Sequence[int], max_tokens: int, *, deadline: float | None = None
+    ) -> list[float]:
         """Processed logprobs of the greedy continuation of ``prompt_token_ids`` (the parity probe).
 
         A generation request (``/v1/completions``, open route): temperature 0, one logprob per token, tokens
-        as ids so no tokenizer is needed.
+        as ids so no tokenizer is needed. ``deadline`` covers the generation and its retries (the operator
+        passes the fleet's ``verifySeconds``).
         """
         body = await self._call(
             "POST",
@@ -196,6 +231,7 @@ class EngineClient:
                 "return_tokens_as_token_ids": True,
             },
             idempotent=True,
+            deadline=deadline,
         )
         try:
             values = body["choices"][0]["logprobs"]["token_logprobs"]
@@ -207,13 +243,13 @@ class EngineClient:
                 step="parity_probe",
             ) from exc
 
-    async def health(self) -> None:
+    async def health(self, *, deadline: float | None = None) -> None:
         """``GET /health``: returns when 200, raises otherwise. It does not reflect sleep or pause."""
-        await self._call("GET", "/health", step="health", idempotent=True)
+        await self._call("GET", "/health", step="health", idempotent=True, deadline=deadline)
 
-    async def metrics(self) -> str:
+    async def metrics(self, *, deadline: float | None = None) -> str:
         """The Prometheus text of ``GET /metrics`` (``vllm:`` metrics, spec-decode counters included)."""
-        body = await self._call("GET", "/metrics", step="metrics", idempotent=True)
+        body = await self._call("GET", "/metrics", step="metrics", idempotent=True, deadline=deadline)
         return body if isinstance(body, str) else json.dumps(body)
 
     async def collective_rpc(
@@ -226,7 +262,8 @@ class EngineClient:
         idempotent: bool = False,
         http_timeout: float | None = None,
     ) -> list[Any]:
-        """``POST /collective_rpc``: one result per worker. ``timeout`` is vLLM's own RPC timeout."""
+        """``POST /collective_rpc``: one result per worker. ``timeout`` is vLLM's own RPC timeout (vLLM stops
+        waiting for its workers then, which keep running); ``http_timeout`` is this call's deadline."""
         payload: wire.CollectiveRPCRequest = {"method": method, "args": list(args), "kwargs": kwargs or {}}
         if timeout is not None:
             payload["timeout"] = timeout
@@ -236,7 +273,7 @@ class EngineClient:
             step=method,
             json=payload,
             idempotent=idempotent,
-            budget=http_timeout or (timeout + 5.0 if timeout else self.timeouts.default),
+            deadline=http_timeout or (timeout + RPC_TIMEOUT_MARGIN_SECONDS if timeout else None),
         )
         if body is None or body == "":
             return []
@@ -246,57 +283,94 @@ class EngineClient:
 
     # --- our worker extension -------------------------------------------------------------------
 
-    async def load(self, target: api.Target | str, path: str, revision: int) -> api.LoadResult:
-        """Load ``target`` in place from the safetensors directory ``path``; the draft only after the verifier."""
+    async def load(
+        self, target: api.Target | str, path: str, revision: int, *, deadline: float | None = None
+    ) -> api.LoadResult:
+        """Load ``target`` in place from the safetensors directory ``path``; the draft only after the verifier.
+
+        Raises ``LoadOutcomeUnknown`` without sending anything while an earlier load's outcome is unknown.
+        """
         step = f"rolloutfleet_load:{target}"
-        results = await self.collective_rpc(
-            "rolloutfleet_load",
-            kwargs={"target": str(target), "path": path, "revision": revision},
-            http_timeout=self.timeouts.load,
-        )
-        return self._load_result(results, step)
+        kwargs = {"target": str(target), "path": path, "revision": revision}
+        results = await self._load_rpc("rolloutfleet_load", kwargs, step, deadline)
+        return wire.load_result_from_wire(results, url=self.base_url, step=step)
 
-    async def restore_draft(self, path: str) -> api.LoadResult:
-        """Restore a ``frozen`` draft after a level-2 sleep (its revision stays None)."""
-        results = await self.collective_rpc(
-            "rolloutfleet_restore_draft", kwargs={"path": path}, http_timeout=self.timeouts.load
-        )
-        return self._load_result(results, "rolloutfleet_restore_draft")
+    async def restore_draft(self, path: str, *, deadline: float | None = None) -> api.LoadResult:
+        """Restore a ``frozen`` draft after a level-2 sleep (its revision stays None). Guarded like ``load``."""
+        step = "rolloutfleet_restore_draft"
+        results = await self._load_rpc(step, {"path": path}, step, deadline)
+        return wire.load_result_from_wire(results, url=self.base_url, step=step)
 
-    async def extension_state(self) -> list[wire.StateResult]:
-        """Every rank's ``rolloutfleet_state()``, checked ok and agreeing. Idempotent: retried."""
-        results = await self.collective_rpc("rolloutfleet_state", idempotent=True)
-        checked = self._agreeing(
-            results,
-            "rolloutfleet_state",
-            lambda r: (
-                r.get("resident"),
-                _pick(r.get("verifier"), "revision", "digest"),
-                _pick(r.get("draft"), "revision", "digest"),
-            ),
-        )
-        return cast(list[wire.StateResult], checked)
+    async def extension_state(self, *, deadline: float | None = None) -> list[wire.StateResult]:
+        """Every rank's ``rolloutfleet_state()``, checked ok and agreeing. Idempotent: retried.
 
-    async def observe(self) -> api.EngineState:
+        An answer also proves that any load sent before this call ended (vLLM runs RPCs one at a time).
+        """
+        ticket = self._loads.ticket()
+        results = await self.collective_rpc("rolloutfleet_state", idempotent=True, http_timeout=deadline)
+        self._loads.settle(self.base_url, ticket)
+        return wire.states_from_wire(results, url=self.base_url)
+
+    async def observe(self, *, deadline: float | None = None) -> api.EngineState:
         """One snapshot: ``/is_paused``, ``/is_sleeping``, ``/weight_info`` and the extension state, at once.
 
-        An engine that cannot be reached (or times out) yields ``EngineState.unreachable``; HTTP errors,
-        extension errors and disagreeing ranks raise, since they need a human or a different action.
+        An engine that cannot be observed yields ``EngineState.failed(fault, error)``: unreachable (no
+        connection, no answer in time, 502/503/504 after retries), unauthorized (401/403), protocol (an
+        answer outside the contract), extension (``ok: false``, with its code) or inconsistent (ranks
+        disagree). Anything that is not an engine error (a bug) propagates. ``deadline`` bounds each read.
         """
-        try:
-            paused, sleeping, version, states = await asyncio.gather(
-                self.is_paused(), self.is_sleeping(), self._weight_info_or_absent(), self.extension_state()
-            )
-        except (EngineUnreachable, EngineTimeout) as exc:
-            self._unversioned.pop(self.base_url, None)  # it may come back as another vLLM release
-            return api.EngineState.unreachable(str(exc))
+        reads = await asyncio.gather(
+            self.is_paused(deadline=deadline),
+            self.is_sleeping(deadline=deadline),
+            self._weight_info_or_absent(deadline),
+            self.extension_state(deadline=deadline),
+            self.admitted(deadline=deadline),
+            return_exceptions=True,
+        )
+        failures = [r for r in reads if isinstance(r, BaseException)]
+        for failure in failures:
+            if not isinstance(failure, wire.EngineError):
+                raise failure
+        if failures:
+            error = wire.most_telling(cast(list[wire.EngineError], failures))
+            fault = fault_of(error)
+            if fault == api.EngineFault.UNREACHABLE:
+                self._unversioned.pop(self.base_url, None)  # it may come back as another vLLM release
+            return api.EngineState.failed(fault, str(error))
+        paused, sleeping, version, states, admitted = reads
         versioned = version is not _NO_VERSIONS
         state = state_from_wire(
-            paused=paused, sleeping=sleeping, weight_version=version if versioned else None, states=states
+            paused=cast(bool, paused),
+            sleeping=cast(bool, sleeping),
+            weight_version=cast(str | None, version) if versioned else None,
+            states=cast(list[wire.StateResult], states),
         )
-        return dataclasses.replace(state, versioned=versioned)
+        return dataclasses.replace(state, versioned=versioned, admitted=cast(bool | None, admitted))
 
-    async def _weight_info_or_absent(self) -> Any:
+    # --- admission: the readiness probe's answer (worker_image/README.md, "Admission") ----------------
+
+    async def admitted(self, *, deadline: float | None = None) -> bool | None:
+        """Whether this engine process was admitted (its readiness probe passes); None: an image without
+        the admission routes (404), whose readiness is ``/health`` alone."""
+        try:
+            body = await self._call("GET", READY_PATH, step="ready", deadline=deadline)
+        except EngineHTTPError as exc:
+            if exc.status == 404:
+                return None
+            if exc.status == 503 and isinstance(exc.body, dict) and exc.body.get("admitted") is False:
+                return False  # a real answer (not admitted), not an overloaded engine
+            raise
+        return bool(_field(body, "admitted", bool, self.base_url, "ready"))
+
+    async def admit(self, revision: int | None, *, deadline: float | None = None) -> None:
+        """Let the readiness probe pass: the operator verified that this process serves ``revision``."""
+        await self._call("POST", ADMIT_PATH, step="admit", json={"revision": revision}, deadline=deadline)
+
+    async def withdraw(self, *, deadline: float | None = None) -> None:
+        """Fail the readiness probe from now on (before the engine leaves the fleet's weights)."""
+        await self._call("POST", WITHDRAW_PATH, step="withdraw", deadline=deadline)
+
+    async def _weight_info_or_absent(self, deadline: float | None) -> Any:
         # vLLM 0.26 has no weight-version routes (404, measured on the H200): feature-detect, do not fail,
         # and remember it for a while so each observation of such an engine costs one read fewer (and its
         # log one 404 line fewer). An engine that goes unreachable is asked again when it is back.
@@ -304,7 +378,7 @@ class EngineClient:
         if noted is not None and time.monotonic() - noted < VERSION_ROUTES_RECHECK_SECONDS:
             return _NO_VERSIONS
         try:
-            info = await self.weight_info()
+            info = await self.weight_info(deadline=deadline)
         except EngineHTTPError as exc:
             if exc.status == 404:
                 self._unversioned[self.base_url] = time.monotonic()
@@ -315,44 +389,33 @@ class EngineClient:
 
     # --- plumbing --------------------------------------------------------------------------------
 
-    def _load_result(self, results: list[Any], step: str) -> api.LoadResult:
-        checked = self._agreeing(results, step, lambda r: (r.get("target"), r.get("revision"), r.get("digest")))
-        first = cast(wire.LoadResultWire, checked[0])
+    async def _load_rpc(self, method: str, kwargs: dict[str, Any], step: str, deadline: float | None) -> list[Any]:
+        """Send one load RPC unless an earlier one's outcome is unknown; mark it unknown when this one's is."""
+        since = self._loads.since(self.base_url)
+        if since is not None:
+            raise LoadOutcomeUnknown(
+                f"not sent: an earlier load's outcome became unknown {self._loads.age(self.base_url):.0f}s ago "
+                "(it may still be running); observe the engine first",
+                since=since,
+                url=self.base_url,
+                step=step,
+            )
+        http = _or(deadline, self.timeouts.load)
         try:
-            return api.LoadResult(
-                target=api.Target(first["target"]),
-                revision=first["revision"],
-                path=str(first["path"]),
-                digest=str(first["digest"]),
-                bytes=int(first["bytes"]),
-                seconds=float(first["seconds"]),
-                tensors=int(first["tensors"]),
-                skipped=tuple(first.get("skipped") or ()),
-            )
-        except (KeyError, ValueError, TypeError) as exc:
-            raise EngineProtocolError(f"malformed load result: {first!r}", url=self.base_url, step=step) from exc
-
-    def _agreeing(self, results: list[Any], step: str, key: Any) -> list[dict[str, Any]]:
-        if not results:
-            raise EngineProtocolError("no worker answered", url=self.base_url, step=step)
-        for rank, result in enumerate(results):
-            if not isinstance(result, dict):
-                raise EngineProtocolError(f"rank {rank} answered {result!r}", url=self.base_url, step=step)
-            if result.get("ok") is not True:
-                err = result.get("error") or {}
-                raise EngineRPCError(
-                    str(err.get("code", "unknown")),
-                    str(err.get("message", "")),
-                    rank=rank,
-                    url=self.base_url,
-                    step=step,
-                )
-        keys = {json.dumps(key(r), sort_keys=True, default=str) for r in results}
-        if len(keys) > 1:
-            raise EngineInconsistent(
-                f"{len(results)} ranks disagree: {sorted(keys)}", results=results, url=self.base_url, step=step
-            )
-        return cast(list[dict[str, Any]], results)
+            return await self.collective_rpc(method, kwargs=kwargs, timeout=rpc_timeout_below(http), http_timeout=http)
+        except EngineHTTPError as exc:
+            if exc.status >= 500:  # e.g. vLLM's RPC timeout: it stopped waiting, its workers did not
+                self._loads.mark(self.base_url)
+            raise
+        except EngineUnreachable as exc:
+            if exc.sent:
+                self._loads.mark(self.base_url)
+            raise
+        except EngineProtocolError:
+            raise  # a 2xx answer: the RPC ran to its end
+        except BaseException:  # a timeout, a cancelled call: the engine may be loading still
+            self._loads.mark(self.base_url)
+            raise
 
     async def _call(
         self,
@@ -362,23 +425,38 @@ class EngineClient:
         step: str,
         params: Sequence[tuple[str, str]] | None = None,
         json: Any = None,
-        budget: float | None = None,
+        deadline: float | None = None,
         idempotent: bool = False,
     ) -> Any:
+        """One call within ``deadline`` seconds in all (retries of an idempotent call included)."""
+        total = _or(deadline, self.timeouts.default)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + total
         attempts = max(1, self.retry.attempts) if idempotent else 1
         last: Exception | None = None
         for attempt in range(attempts):
+            remaining = end - loop.time()
+            if remaining <= 0:
+                break
             try:
-                return await self._once(method, path, step=step, params=params, json_body=json, budget=budget)
-            except (EngineUnreachable, EngineTimeout) as exc:
+                return await self._once(
+                    method, path, step=step, params=params, json_body=json, budget=remaining, total=total
+                )
+            except EngineTimeout:
+                raise  # it used what was left of the deadline
+            except EngineUnreachable as exc:
                 last = exc
             except EngineHTTPError as exc:
                 if exc.status not in RETRYABLE_STATUS:
                     raise
                 last = exc
-            if attempt + 1 < attempts:
-                await asyncio.sleep(self.retry.delay(attempt, self._rng))
-        assert last is not None
+            delay = self.retry.delay(attempt, self._rng)
+            if attempt + 1 < attempts and loop.time() + delay < end:
+                await asyncio.sleep(delay)
+            else:
+                break
+        if last is None:
+            raise EngineTimeout(f"{step} timed out after {total:g}s", url=self.base_url + path, step=step)
         raise last
 
     async def _once(
@@ -389,11 +467,46 @@ class EngineClient:
         step: str,
         params: Sequence[tuple[str, str]] | None,
         json_body: Any,
-        budget: float | None,
+        budget: float,
+        total: float,
+    ) -> Any:
+        guarded = not (path in OPEN_EXACT or path.startswith(OPEN_PREFIXES))
+        try:
+            return await self._sent(
+                method,
+                path,
+                self._credentials.token if guarded else None,
+                step=step,
+                params=params,
+                json_body=json_body,
+                budget=budget,
+                total=total,
+            )
+        except EngineHTTPError as exc:
+            fallback = self._credentials.fallback() if guarded else None
+            if exc.status != 401 or fallback is None:
+                raise
+            # The engine may not have the rotated token yet (its kubelet refreshes the mounted Secret later).
+            # A 401 is answered before anything is done, so the retry cannot do a step twice.
+            return await self._sent(
+                method, path, fallback, step=step, params=params, json_body=json_body, budget=budget, total=total
+            )
+
+    async def _sent(
+        self,
+        method: str,
+        path: str,
+        token: str | None,
+        *,
+        step: str,
+        params: Sequence[tuple[str, str]] | None,
+        json_body: Any,
+        budget: float,
+        total: float,
     ) -> Any:
         headers = {}
-        if self._token and not (path in OPEN_EXACT or path.startswith(OPEN_PREFIXES)):
-            headers["Authorization"] = f"Bearer {self._token}"
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         url = self.base_url + path
         outcome = "ok"
         started = time.perf_counter()
@@ -404,7 +517,7 @@ class EngineClient:
                 params=list(params) if params else None,
                 json=json_body,
                 headers=headers,
-                timeout=aiohttp.ClientTimeout(total=budget or self.timeouts.default),
+                timeout=aiohttp.ClientTimeout(total=budget, sock_connect=min(budget, self.timeouts.connect)),
             ) as resp:
                 text = await resp.text()
                 body = _decode(text, resp.content_type)
@@ -414,15 +527,47 @@ class EngineClient:
                 return body
         except TimeoutError as exc:  # before ClientConnectionError: ServerTimeoutError is both
             outcome = "timeout"
-            raise EngineTimeout(
-                f"{step} timed out after {budget or self.timeouts.default}s", url=url, step=step
-            ) from exc
+            raise EngineTimeout(f"{step} timed out after {total:g}s", url=url, step=step) from exc
+        except aiohttp.ClientConnectorError as exc:  # no connection: the engine cannot have received it
+            outcome = "unreachable"
+            raise EngineUnreachable(f"{step}: {type(exc).__name__}: {exc}", url=url, step=step, sent=False) from exc
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             outcome = "unreachable"
             raise EngineUnreachable(f"{step}: {type(exc).__name__}: {exc}", url=url, step=step) from exc
         finally:
             if self._on_latency is not None:
                 self._on_latency(step, time.perf_counter() - started, outcome)
+
+
+class Credentials:
+    """The control token, and the one it replaced while engines may still hold it.
+
+    A replaced Secret reaches the operator at once (it reads it every pass) but each engine only when its
+    kubelet refreshes the mounted copy (up to a minute or more), so for ``grace`` seconds after a change a
+    401 is retried once with the previous token: a rotation during a rollout costs no failed step. Shared by
+    a pool's clients; never logged (``repr`` redacts).
+    """
+
+    def __init__(self, token: str | None, *, grace: float = 600.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.token = token
+        self.previous: str | None = None
+        self._previous_until = 0.0
+        self._grace = grace
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return f"Credentials(token={'<redacted>' if self.token else None})"
+
+    def rotate(self, token: str | None) -> None:
+        """Use ``token`` from now on; the one it replaces stays a fallback for the grace period."""
+        if token == self.token:
+            return
+        self.previous, self.token = self.token, token
+        self._previous_until = self._clock() + self._grace
+
+    def fallback(self) -> str | None:
+        """The previous token while it may still be what an engine holds, else None."""
+        return self.previous if self.previous and self._clock() < self._previous_until else None
 
 
 _NO_VERSIONS = object()  # sentinel: the engine has no weight-version routes
@@ -435,6 +580,8 @@ class EnginePool:
     ``limit`` bounds open connections across all engines (1,000 pods x 1 connection each is fine on
     Linux; the default leaves headroom for the operator's other sockets); ``limit_per_host`` keeps one
     engine from hogging the pool when the planner fans out reads. Use as ``async with EnginePool(...)``.
+    The pool outlives the reconcile passes (clients are made per pass), so what must be remembered per
+    engine lives here: the 0.26 feature detection and the ``LoadLedger`` of loads of unknown outcome.
     """
 
     def __init__(
@@ -448,7 +595,7 @@ class EnginePool:
         reset: ResetPolicy | None = None,
         on_latency: LatencyHook | None = None,
     ) -> None:
-        self._token = token
+        self.credentials = Credentials(token)
         self._limit = limit
         self._limit_per_host = limit_per_host
         self.timeouts = timeouts or EngineTimeouts()
@@ -458,9 +605,10 @@ class EnginePool:
         self._session: aiohttp.ClientSession | None = None
         self._rng = random.Random()  # noqa: S311 - jitter only
         self._unversioned: dict[str, float] = {}
+        self.loads = LoadLedger()
 
     def __repr__(self) -> str:
-        return f"EnginePool(limit={self._limit}, token={'<redacted>' if self._token else None})"
+        return f"EnginePool(limit={self._limit}, token={'<redacted>' if self.credentials.token else None})"
 
     async def __aenter__(self) -> EnginePool:
         await self.start()
@@ -486,17 +634,22 @@ class EnginePool:
         return EngineClient(
             base_url,
             session=self._session,
-            token=self._token,
             timeouts=self.timeouts,
             retry=self.retry,
             reset=self.reset,
             on_latency=self._on_latency,
             rng=self._rng,
             unversioned=self._unversioned,
+            loads=self.loads,
+            credentials=self.credentials,
         )
 
     def for_address(self, ip: str, port: int = 8000) -> EngineClient:
         return self.client(f"http://{ip}:{port}")
+
+
+def _or(deadline: float | None, fallback: float) -> float:
+    return fallback if deadline is None else deadline
 
 
 def _bool(value: bool) -> str:
@@ -518,7 +671,3 @@ def _field(body: Any, name: str, kind: type, url: str, step: str) -> Any:
     if not isinstance(body, dict) or not isinstance(body.get(name), kind):
         raise EngineProtocolError(f"unexpected body: {body!r}", url=url, step=step)
     return body[name]
-
-
-def _pick(obj: Any, *names: str) -> Any:
-    return None if not isinstance(obj, dict) else [obj.get(n) for n in names]

@@ -9,11 +9,19 @@ reconciler can map them to kopf's temporary/permanent errors in one place:
 - :class:`EngineHTTPError` — a non-2xx answer; carries the status and vLLM's error body.
 - :class:`EngineRPCError` — our extension answered ``{"ok": false, "error": {code, message}}``.
 - :class:`EngineInconsistent` — tensor-parallel ranks disagreed (revision/digest differ per rank).
+- :class:`EngineProtocolError` — a 2xx answer whose body does not follow the contract.
+- :class:`LoadOutcomeUnknown` — refused locally: an earlier load to this engine may still be running.
+
+The parsers (``agreeing``, ``states_from_wire``, ``load_result_from_wire``, ``state_from_wire``) turn RPC
+results into ``api.engine`` values or raise the errors above; ``fault_of`` says which ``EngineFault`` an
+error means for an observation. No I/O here.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypedDict
+import json
+from collections.abc import Callable
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from rolloutfleet.api import engine as api
 
@@ -83,7 +91,14 @@ class EngineError(Exception):
 
 
 class EngineUnreachable(EngineError):  # noqa: N818 - the names the operator's error map uses
-    """Could not connect, or the connection dropped before an answer."""
+    """Could not connect, or the connection dropped before an answer.
+
+    ``sent`` is False when no connection was made, so the engine cannot have received the request.
+    """
+
+    def __init__(self, message: str, *, url: str = "", step: str = "", sent: bool = True) -> None:
+        super().__init__(message, url=url, step=step)
+        self.sent = sent
 
 
 class EngineTimeout(EngineError):  # noqa: N818 - the names the operator's error map uses
@@ -119,6 +134,115 @@ class EngineInconsistent(EngineError):  # noqa: N818 - the names the operator's 
 
 class EngineProtocolError(EngineError):
     """The engine answered 2xx with a body we cannot understand (wrong version, missing extension)."""
+
+
+class LoadOutcomeUnknown(EngineError):  # noqa: N818 - the names the operator's error map uses
+    """A load was not sent: an earlier load to the same engine ended without a known outcome.
+
+    vLLM runs ``collective_rpc`` calls one after another and keeps running one whose HTTP client gave up,
+    so a second load would queue behind the first (and run after it, whatever the operator decided in
+    between). Only a successful ``rolloutfleet_state`` read started after the failure (it queues behind
+    the running load, so its answer proves the load ended) lifts the refusal. ``since`` is the monotonic
+    time at which the outcome became unknown.
+    """
+
+    def __init__(self, message: str, *, since: float, url: str = "", step: str = "") -> None:
+        super().__init__(message, url=url, step=step)
+        self.since = since
+
+
+def agreeing(results: list[Any], *, url: str, step: str, key: Callable[[dict[str, Any]], Any]) -> list[dict[str, Any]]:
+    """Every rank's result, checked: a dict, ``ok``, and the same ``key`` on every rank."""
+    if not results:
+        raise EngineProtocolError("no worker answered", url=url, step=step)
+    for rank, result in enumerate(results):
+        if not isinstance(result, dict):
+            raise EngineProtocolError(f"rank {rank} answered {result!r}", url=url, step=step)
+        if result.get("ok") is not True:
+            err = result.get("error") or {}
+            code, message = str(err.get("code", "unknown")), str(err.get("message", ""))
+            raise EngineRPCError(code, message, rank=rank, url=url, step=step)
+    keys = {json.dumps(key(r), sort_keys=True, default=str) for r in results}
+    if len(keys) > 1:
+        raise EngineInconsistent(f"{len(results)} ranks disagree: {sorted(keys)}", results=results, url=url, step=step)
+    return cast(list[dict[str, Any]], results)
+
+
+def states_from_wire(results: list[Any], *, url: str) -> list[StateResult]:
+    """``rolloutfleet_state`` results, checked ok, agreeing, and shaped like a state report."""
+    step = "rolloutfleet_state"
+    checked = agreeing(
+        results,
+        url=url,
+        step=step,
+        key=lambda r: (
+            r.get("resident"),
+            _pick(r.get("verifier"), "revision", "digest"),
+            _pick(r.get("draft"), "revision", "digest"),
+        ),
+    )
+    for rank, result in enumerate(checked):
+        if not isinstance(result.get("resident"), bool) or not isinstance(result.get("verifier"), dict):
+            raise EngineProtocolError(f"rank {rank}: not a state report: {_short(result, 200)}", url=url, step=step)
+    return cast(list[StateResult], checked)
+
+
+def load_result_from_wire(results: list[Any], *, url: str, step: str) -> api.LoadResult:
+    """A load's (or restore's) results, checked ok and agreeing, as one ``LoadResult``."""
+    checked = agreeing(results, url=url, step=step, key=lambda r: (r.get("target"), r.get("revision"), r.get("digest")))
+    first = cast(LoadResultWire, checked[0])
+    try:
+        return api.LoadResult(
+            target=api.Target(first["target"]),
+            revision=first["revision"],
+            path=str(first["path"]),
+            digest=str(first["digest"]),
+            bytes=int(first["bytes"]),
+            seconds=float(first["seconds"]),
+            tensors=int(first["tensors"]),
+            skipped=tuple(first.get("skipped") or ()),
+        )
+    except (KeyError, ValueError, TypeError) as exc:
+        raise EngineProtocolError(f"malformed load result: {first!r}", url=url, step=step) from exc
+
+
+def fault_of(exc: EngineError) -> api.EngineFault:
+    """Why an engine could not be observed, from the error one of its reads raised.
+
+    No connection, no answer in time, or a gateway status that outlived the retries (502/503/504) is
+    ``unreachable``; 401/403 is ``unauthorized`` (the token was refused); an extension ``ok: false`` is
+    ``extension``; disagreeing ranks are ``inconsistent``; any other status or a body outside the
+    contract (e.g. a plain 500 because the image has no extension) is ``protocol``.
+    """
+    if isinstance(exc, EngineUnreachable | EngineTimeout):
+        return api.EngineFault.UNREACHABLE
+    if isinstance(exc, EngineHTTPError):
+        if exc.status in (401, 403):
+            return api.EngineFault.UNAUTHORIZED
+        if exc.status in (502, 503, 504):
+            return api.EngineFault.UNREACHABLE
+        return api.EngineFault.PROTOCOL
+    if isinstance(exc, EngineRPCError):
+        return api.EngineFault.EXTENSION
+    if isinstance(exc, EngineInconsistent):
+        return api.EngineFault.INCONSISTENT
+    return api.EngineFault.PROTOCOL
+
+
+# When several reads of one observation fail, the most telling fault is reported: a refused token explains
+# every other failure, and any answer at all proves the engine reachable.
+_TELLING = (
+    api.EngineFault.UNAUTHORIZED,
+    api.EngineFault.INCONSISTENT,
+    api.EngineFault.EXTENSION,
+    api.EngineFault.PROTOCOL,
+    api.EngineFault.UNREACHABLE,
+)
+
+
+def most_telling(errors: list[EngineError]) -> EngineError:
+    """The error whose fault says most about the engine (the first such, for ties)."""
+    return min(errors, key=lambda e: _TELLING.index(fault_of(e)))
 
 
 def state_from_wire(
@@ -163,3 +287,7 @@ def state_from_wire(
 def _short(body: Any, limit: int = 300) -> str:
     text = str(body)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _pick(obj: Any, *names: str) -> Any:
+    return None if not isinstance(obj, dict) else [obj.get(n) for n in names]

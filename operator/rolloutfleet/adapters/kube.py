@@ -2,8 +2,10 @@
 
 Called by ``rolloutfleet.reconcile`` only. The official ``kubernetes`` client is synchronous, so every call
 runs on a bounded thread pool owned by this adapter and is awaited; the kopf event loop never blocks.
-Errors come back as ``KubeError`` with the HTTP status, so reconcile can map them to kopf's temporary or
-permanent errors in one place.
+Every request has a timeout (``request_timeout``, ``list_timeout`` for lists, discovery included), so a
+hung API server costs a pool thread for that long, never for ever. Errors come back as ``KubeError`` with
+the HTTP status (0 when none was received: a timeout, a dropped connection), never as the client's own
+exceptions, so reconcile can map them to kopf's temporary or permanent errors in one place.
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import NotFoundError
+from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
 Manifest = dict[str, Any]
 T = TypeVar("T")
 FIELD_MANAGER = "rolloutfleet-operator"
+REQUEST_TIMEOUT_SECONDS = 30.0  # one read or write of one object
+LIST_TIMEOUT_SECONDS = 120.0  # a list may carry a thousand pods
 log = logging.getLogger(__name__)
 
 
@@ -40,11 +45,36 @@ def _status_of(exc: Exception) -> int:
     return int(getattr(exc, "status", 0) or 0)
 
 
-class Kube:
-    """One connection to the API server, shared by all reconciles of the process."""
+class _TimedDynamicClient(DynamicClient):
+    """The dynamic client with a default request timeout, so its own discovery requests have one too."""
 
-    def __init__(self, api_client: k8s_client.ApiClient | None = None, *, threads: int = 16) -> None:
+    def __init__(self, api_client: k8s_client.ApiClient, request_timeout: float) -> None:
+        self._default_timeout = request_timeout  # set first: the constructor may already discover
+        super().__init__(api_client)
+
+    def request(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
+        params.setdefault("_request_timeout", self._default_timeout)
+        return super().request(method, path, body=body, **params)
+
+
+class Kube:
+    """One connection to the API server, shared by all reconciles of the process.
+
+    ``request_timeout``/``list_timeout``: seconds per request (the client's urllib3 may retry an idempotent
+    read that timed out, each attempt with this timeout).
+    """
+
+    def __init__(
+        self,
+        api_client: k8s_client.ApiClient | None = None,
+        *,
+        threads: int = 16,
+        request_timeout: float = REQUEST_TIMEOUT_SECONDS,
+        list_timeout: float = LIST_TIMEOUT_SECONDS,
+    ) -> None:
         self._api_client = api_client
+        self.request_timeout = request_timeout
+        self.list_timeout = list_timeout
         self._dynamic: DynamicClient | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
         self.requests = 0  # API requests issued, for the rollout benchmark's per-pod accounting
@@ -52,15 +82,22 @@ class Kube:
         self._event_warned = False
 
     @classmethod
-    def from_environment(cls, kubeconfig: str | None = None) -> Kube:
+    def from_environment(
+        cls,
+        kubeconfig: str | None = None,
+        *,
+        request_timeout: float = REQUEST_TIMEOUT_SECONDS,
+        list_timeout: float = LIST_TIMEOUT_SECONDS,
+    ) -> Kube:
         """In-cluster config when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
         try:
             k8s_config.load_incluster_config()
-            return cls(k8s_client.ApiClient())
+            api_client = k8s_client.ApiClient()
         except k8s_config.ConfigException:
             configuration = k8s_client.Configuration()
             k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-            return cls(k8s_client.ApiClient(configuration))
+            api_client = k8s_client.ApiClient(configuration)
+        return cls(api_client, request_timeout=request_timeout, list_timeout=list_timeout)
 
     def close(self) -> None:
         """Release the thread pool and connections."""
@@ -75,17 +112,18 @@ class Kube:
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._pool, fn)
-        except NotFoundError:
-            raise
-        except ApiException as exc:
+        except ApiException as exc:  # NotFoundError and the dynamic client's other errors included
             raise KubeError(_status_of(exc), _reason(exc)) from exc
-        except (OSError, k8s_client.exceptions.OpenApiException) as exc:
-            raise KubeError(_status_of(exc), str(exc)) from exc
+        except ResourceNotFoundError as exc:  # discovery: the API server serves no such kind (a CRD missing)
+            raise KubeError(404, str(exc)) from exc
+        except (OSError, urllib3.exceptions.HTTPError, k8s_client.exceptions.OpenApiException) as exc:
+            # urllib3's errors are timeouts, refused or dropped connections: no status was received.
+            raise KubeError(_status_of(exc), f"{type(exc).__name__}: {exc}") from exc
 
     def _dyn(self) -> DynamicClient:
         # Discovery is lazy and cached by the dynamic client; built on first use, on a pool thread.
         if self._dynamic is None:
-            self._dynamic = DynamicClient(self._api_client or k8s_client.ApiClient())
+            self._dynamic = _TimedDynamicClient(self._api_client or k8s_client.ApiClient(), self.request_timeout)
         return self._dynamic
 
     def _resource(self, api_version: str, kind: str) -> Any:
@@ -105,6 +143,7 @@ class Kube:
                 field_manager=FIELD_MANAGER,
                 force_conflicts=True,
                 serializer=_plain_json,
+                _request_timeout=self.request_timeout,
             )
             return _to_dict(out)
 
@@ -116,7 +155,9 @@ class Kube:
         def call() -> Manifest | None:
             try:
                 return _to_dict(
-                    self._resource(api_version, kind).get(name=name, namespace=namespace, serializer=_plain_json)
+                    self._resource(api_version, kind).get(
+                        name=name, namespace=namespace, serializer=_plain_json, _request_timeout=self.request_timeout
+                    )
                 )
             except NotFoundError:
                 return None
@@ -130,7 +171,12 @@ class Kube:
 
         def call() -> list[Manifest]:
             res = self._resource(api_version, kind)
-            out = res.get(namespace=namespace, label_selector=label_selector, serializer=_plain_json)
+            out = res.get(
+                namespace=namespace,
+                label_selector=label_selector,
+                serializer=_plain_json,
+                _request_timeout=self.list_timeout,
+            )
             return list(_to_dict(out).get("items") or [])
 
         return await self._run(call, "list")
@@ -142,7 +188,12 @@ class Kube:
             res = self._resource(manifest["apiVersion"], manifest["kind"])
             try:
                 return _to_dict(
-                    res.create(body=manifest, namespace=manifest["metadata"].get("namespace"), serializer=_plain_json)
+                    res.create(
+                        body=manifest,
+                        namespace=manifest["metadata"].get("namespace"),
+                        serializer=_plain_json,
+                        _request_timeout=self.request_timeout,
+                    )
                 )
             except ApiException as exc:
                 if _status_of(exc) == 409:
@@ -151,17 +202,51 @@ class Kube:
 
         return await self._run(call, "create")
 
-    async def patch_status(self, api_version: str, kind: str, namespace: str, name: str, status: Manifest) -> Manifest:
-        """Merge-patch the status subresource (only the fields given)."""
+    async def patch_status(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        status: Manifest,
+        *,
+        resource_version: str | None = None,
+    ) -> Manifest:
+        """Merge-patch the status subresource (only the fields given).
+
+        With ``resource_version`` the write is conditional: the API server answers 409 when the object
+        changed since that version was read (optimistic concurrency).
+        """
+        body: Manifest = {"status": status}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
 
         def call() -> Manifest:
             res = self._resource(api_version, kind).subresources["status"]
             out = res.patch(
-                body={"status": status},
+                body=body,
                 name=name,
                 namespace=namespace,
                 content_type="application/merge-patch+json",
                 serializer=_plain_json,
+                _request_timeout=self.request_timeout,
+            )
+            return _to_dict(out)
+
+        return await self._run(call, "patch")
+
+    async def patch_pod_condition(self, namespace: str, name: str, condition: Manifest) -> Manifest:
+        """Set one condition on a pod's status (strategic merge: conditions merge by ``type``)."""
+
+        def call() -> Manifest:
+            res = self._resource("v1", "Pod").subresources["status"]
+            out = res.patch(
+                body={"status": {"conditions": [condition]}},
+                name=name,
+                namespace=namespace,
+                content_type="application/strategic-merge-patch+json",
+                serializer=_plain_json,
+                _request_timeout=self.request_timeout,
             )
             return _to_dict(out)
 
@@ -172,7 +257,9 @@ class Kube:
 
         def call() -> None:
             try:
-                self._resource(api_version, kind).delete(name=name, namespace=namespace)
+                self._resource(api_version, kind).delete(
+                    name=name, namespace=namespace, _request_timeout=self.request_timeout
+                )
             except NotFoundError:
                 return
 

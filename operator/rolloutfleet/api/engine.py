@@ -36,6 +36,16 @@ class Target(enum.StrEnum):
     DRAFT = "draft"
 
 
+class EngineFault(enum.StrEnum):
+    """Why an engine could not be observed: each asks for different handling (a 401 is no network blip)."""
+
+    UNREACHABLE = "unreachable"  # no connection, or no answer in time
+    UNAUTHORIZED = "unauthorized"  # 401/403: the control token was refused
+    PROTOCOL = "protocol"  # an answer that does not follow the contract (malformed body, unexpected status)
+    EXTENSION = "extension"  # the worker extension answered ok=false
+    INCONSISTENT = "inconsistent"  # tensor-parallel ranks disagree
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class TargetState:
     """What one model (verifier or draft) holds, per the extension.
@@ -75,12 +85,19 @@ class EngineState:
     draft_method: str | None = None
     shared_tensors: tuple[str, ...] = ()
     ranks: int = 1  # how many workers (tensor-parallel ranks) answered, all agreeing
-    error: str | None = None  # why it is unreachable, for events/status (never holds secrets)
+    error: str | None = None  # why it could not be observed, for events/status (never holds secrets)
+    fault: EngineFault | None = None  # set exactly when reachable is False
+    admitted: bool | None = None  # the process's readiness probe passes; None: an image without admission
 
     @classmethod
     def unreachable(cls, error: str) -> EngineState:
         """The snapshot of an engine that did not answer."""
-        return cls(reachable=False, error=error)
+        return cls(reachable=False, error=error, fault=EngineFault.UNREACHABLE)
+
+    @classmethod
+    def failed(cls, fault: EngineFault, error: str) -> EngineState:
+        """The snapshot of an engine that could not be observed for ``fault``."""
+        return cls(reachable=False, error=error, fault=fault)
 
     @property
     def pair(self) -> tuple[int | None, int | None]:

@@ -7,8 +7,6 @@ in one place (``_temporary``).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 from typing import Any
@@ -20,6 +18,7 @@ from rolloutfleet.api import common
 from rolloutfleet.metrics import Metrics
 from rolloutfleet.reconcile import fleet as fleet_reconcile
 from rolloutfleet.reconcile import revision as revision_reconcile
+from rolloutfleet.reconcile import revision_loop as fleet_passes
 from rolloutfleet.reconcile.context import OperatorContext
 
 GROUP, VERSION = common.GROUP, common.VERSION
@@ -46,6 +45,9 @@ async def configure(
     settings.watching.connect_timeout = 30
     settings.batching.worker_limit = 64
     settings.networking.request_timeout = 60
+    # A stopped revision loop at rest exits within this; kopf then finishes a fleet's deletion at once
+    # instead of re-checking after the daemon's whole cancellation backoff (the shutdown grace).
+    settings.background.instant_exit_timeout = 5.0
     # Serving named namespaces, kopf needs no cluster scope: it takes the names as given and finds our
     # resources once through API discovery (the chart installs the CRDs before the operator starts), so a
     # namespaced install runs on Roles alone. Cluster-wide it keeps following CRDs as they change.
@@ -111,6 +113,9 @@ async def fleet_deleted(memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
 
 REVISIONS = "weightrevisions"
 IDLE_SECONDS = float(os.environ.get("ROLLOUTFLEET_IDLE_SECONDS", "5"))
+# On stop, how long the revision loop may take to let its running engine steps finish (none is started
+# after the stop): kopf signals the daemon, waits this long, then cancels it (charts: shutdownGraceSeconds).
+SHUTDOWN_GRACE_SECONDS = float(os.environ.get("ROLLOUTFLEET_SHUTDOWN_GRACE_SECONDS", "300"))
 
 
 def _plain(obj: Any) -> Any:
@@ -122,7 +127,7 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-@kopf.daemon(GROUP, VERSION, FLEETS, cancellation_timeout=10)
+@kopf.daemon(GROUP, VERSION, FLEETS, cancellation_backoff=SHUTDOWN_GRACE_SECONDS, cancellation_timeout=10)
 async def revision_loop(
     memo: kopf.Memo,
     namespace: str | None,
@@ -135,40 +140,35 @@ async def revision_loop(
 
     A pass runs again at once when it asks to, when a WeightRevision changes (a kick), or after
     ``IDLE_SECONDS`` (pods may have come back, an operator before us may have left work half done).
+    On shutdown the running steps finish (up to ``SHUTDOWN_GRACE_SECONDS``); on the fleet's deletion the
+    loop ends at once (``reconcile.revision_loop``).
     """
     ctx: OperatorContext = memo.ctx
     assert namespace is not None  # RolloutFleet is namespaced
     memory = ctx.memory(namespace, name)
     try:
-        await _revision_passes(ctx, namespace, name, memory, stopped, logger)
+        await fleet_passes.run(ctx, namespace, name, memory, _KopfStop(stopped), logger, idle_seconds=IDLE_SECONDS)
     finally:  # also on cancellation: close the engines' connection pool
         if memory.pool is not None:
             await memory.pool.close()
         ctx.fleets.pop((namespace, name), None)
 
 
-async def _revision_passes(
-    ctx: OperatorContext,
-    namespace: str,
-    name: str,
-    memory: Any,
-    stopped: kopf.DaemonStopped,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-) -> None:
-    while not stopped:
-        memory.kick.clear()
-        try:
-            outcome = await revision_reconcile.reconcile_revisions(ctx, namespace, name, memory, memory.kick.is_set)
-        except KubeError as exc:
-            logger.warning("revision pass: %s", exc)
-            outcome = revision_reconcile.PassOutcome()
-        except Exception:
-            logger.exception("revision pass failed")
-            outcome = revision_reconcile.PassOutcome()
-        if outcome.again:
-            continue
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(memory.kick.wait(), timeout=IDLE_SECONDS if outcome.idle else 1.0)
+class _KopfStop:
+    """kopf's daemon stop flag as the revision loop's ``StopSignal``."""
+
+    def __init__(self, stopped: kopf.DaemonStopped) -> None:
+        self._stopped = stopped
+
+    def stopping(self) -> bool:
+        return bool(self._stopped)
+
+    def deleted(self) -> bool:
+        reason = self._stopped.reason
+        return reason is not None and bool(reason & kopf.DaemonStoppingReason.RESOURCE_DELETED)
+
+    async def wait(self) -> None:
+        await self._stopped.wait()
 
 
 def _kick(memo: kopf.Memo, namespace: str | None, spec: Any) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from rolloutfleet.api import conditions
 from rolloutfleet.api.common import Condition
 from rolloutfleet.api.fleet import PodState, RolloutFleetSpec, RolloutFleetStatus
+from rolloutfleet.planning import pod_readiness
 from rolloutfleet.resources import labels
 
 Manifest = dict[str, Any]
@@ -33,10 +34,8 @@ AVAILABLE, PROGRESSING, DEGRADED = "Available", "Progressing", "Degraded"
 
 
 def _pod_ready(pod: Manifest) -> bool:
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
-            return bool(cond.get("status") == "True")
-    return False
+    # Ready as the Service sees it: with the weights gate, only pods serving the fleet's verified pair.
+    return pod_readiness.routed(pod)
 
 
 def _pod_failing(pod: Manifest) -> str | None:

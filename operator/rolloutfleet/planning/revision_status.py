@@ -16,6 +16,14 @@ from rolloutfleet.planning import revisions
 from rolloutfleet.planning.transaction import Decision, Goal, Step
 
 READY, PROGRESSING, VERIFIED = "Ready", "Progressing", "Verified"
+# status.pods lists every pod up to this many; beyond, only pods that are not done or have a message (an
+# entry with two digests is ~300 bytes: 4,096 of them would approach the API server's object size limit).
+MAX_POD_ENTRIES = 256
+
+
+def timestamp() -> str:
+    """Now, as the API server writes times (RFC 3339, seconds, UTC)."""
+    return conditions.now().strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _timings(durations: dict[str, list[float]]) -> list[StepTiming]:
@@ -47,7 +55,12 @@ def progressing(
 ) -> WeightRevisionStatus:
     """The status while a pass works (also after its last round)."""
     pods = []
-    for name in order:
+    listed = order
+    if len(order) > MAX_POD_ENTRIES:
+        listed = [n for n in order if messages.get(n) or decisions.get(n) is None or decisions[n].step != Step.DONE][
+            :MAX_POD_ENTRIES
+        ]
+    for name in listed:
         state = states.get(name)
         decision = decisions.get(name)
         pods.append(
@@ -134,15 +147,16 @@ def finalized(
         conds = conditions.set_condition(conds, VERIFIED, True, "DigestsMatch", message, observed_generation=generation)
     elif conditions.find(conds, VERIFIED) is None:
         conds = conditions.set_condition(conds, VERIFIED, False, reason, message, observed_generation=generation)
-    updated = old.pods_total if ok else 0
+    # Superseded keeps the count it had reached (those pods did serve it); failures serve it on no pod.
+    updated = old.pods_total if ok else old.pods_updated if phase == Phase.SUPERSEDED else 0
     return old.model_copy(
         update={
             "observed_generation": generation,
             "phase": phase,
             "reason": reason,
             "message": message,
-            "pods_updated": updated if ok else old.pods_updated if phase == Phase.SUPERSEDED else 0,
-            "updated": f"{updated if ok else 0}/{old.pods_total}",
+            "pods_updated": updated,
+            "updated": f"{updated}/{old.pods_total}",
             "completion_time": conditions.now(),
             "conditions": conds,
         }

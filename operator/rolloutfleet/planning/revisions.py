@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from rolloutfleet.api import validation
-from rolloutfleet.api.fleet import DraftPolicy, PrefixCaching, RolloutFleetSpec, UpdateMode
+from rolloutfleet.api.fleet import DraftMethod, DraftPolicy, PrefixCaching, RolloutFleetSpec, UpdateMode
 from rolloutfleet.api.revision import Phase, WeightRevisionSpec, WeightRevisionStatus
 from rolloutfleet.planning import rollout
 from rolloutfleet.planning.transaction import INITIAL_REVISION, Goal
@@ -30,6 +30,7 @@ class Revision:
     status: WeightRevisionStatus
     parse_errors: tuple[validation.FieldError, ...] = ()
     body: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+    deleted: bool = False  # its object went away while a pass worked on it (a 404 on a status write)
 
     @property
     def number(self) -> int:
@@ -50,6 +51,23 @@ class Refusal:
 
 
 @dataclasses.dataclass(frozen=True)
+class Served:
+    """What the fleet serves, as recorded in its status when a revision completed (``status.served``).
+
+    Steady state and rollbacks target this record, never the WeightRevision objects: deleting or pruning
+    them (Argo CD, Flux) must not change what is served. ``None`` stands for the fleet's initial weights.
+    The digests are the ones every engine reported when the revision completed.
+    """
+
+    revision: int
+    verifier_path: str
+    verifier_digest: str | None = None
+    draft_path: str | None = None
+    draft_digest: str | None = None
+    name: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Selection:
     """What a pass works on."""
 
@@ -58,11 +76,19 @@ class Selection:
     goal: Goal | None
     superseded: tuple[Revision, ...]
     refused: tuple[Refusal, ...]
-    current: Revision | None  # the revision the fleet serves (None: initial weights)
+    served: Served | None  # what the fleet serves (None: its initial weights)
+    already_served: tuple[Revision, ...] = ()  # unfinished revisions that are exactly what is served
+
+    @property
+    def current_number(self) -> int:
+        """The revision number the fleet serves (0: its initial weights)."""
+        return self.served.revision if self.served is not None else INITIAL_REVISION
 
 
-def _goal(fleet: RolloutFleetSpec, rev: Revision | None, mode: UpdateMode) -> Goal:
-    return dataclasses.replace(_paths(fleet, rev, mode), reset_prefix_cache=prefix_caching_on(fleet))
+def _goal(fleet: RolloutFleetSpec, source: Revision | Served | None, mode: UpdateMode) -> Goal:
+    goal = dataclasses.replace(_paths(fleet, source, mode), reset_prefix_cache=prefix_caching_on(fleet))
+    method = fleet.draft.method
+    return dataclasses.replace(goal, draft_method=None if method == DraftMethod.NONE else method.value)
 
 
 def prefix_caching_on(fleet: RolloutFleetSpec) -> bool:
@@ -72,29 +98,64 @@ def prefix_caching_on(fleet: RolloutFleetSpec) -> bool:
     return fleet.parity.prefix_caching == PrefixCaching.RESET_ON_UPDATE
 
 
-def _paths(fleet: RolloutFleetSpec, rev: Revision | None, mode: UpdateMode) -> Goal:
+def _paths(fleet: RolloutFleetSpec, source: Revision | Served | None, mode: UpdateMode) -> Goal:
     draft = fleet.draft
     frozen = draft.policy == DraftPolicy.FROZEN and draft.path is not None
-    if rev is None or rev.spec is None:
+    sleep_mode = mode == UpdateMode.SLEEP
+    if isinstance(source, Served):
+        own_draft = not frozen and draft.method != DraftMethod.NONE
+        return Goal(
+            revision=source.revision,
+            verifier_path=source.verifier_path,
+            verifier_digest=source.verifier_digest,
+            sleep_mode=sleep_mode,
+            draft_path=source.draft_path if own_draft else None,
+            draft_digest=source.draft_digest if own_draft else None,
+            frozen_draft_path=draft.path if frozen else None,
+            frozen_draft_digest=draft.digest,
+        )
+    if source is None or source.spec is None:
         return Goal(
             revision=INITIAL_REVISION,
             verifier_path=fleet.verifier.path,
-            sleep_mode=mode == UpdateMode.SLEEP,
+            sleep_mode=sleep_mode,
             draft_path=None if frozen else draft.path,
             frozen_draft_path=draft.path if frozen else None,
             frozen_draft_digest=draft.digest,
         )
-    spec = rev.spec
+    spec = source.spec
     return Goal(
         revision=spec.revision,
         verifier_path=spec.verifier.path,
         verifier_digest=spec.verifier.digest,
-        sleep_mode=mode == UpdateMode.SLEEP,
+        sleep_mode=sleep_mode,
         draft_path=None if frozen or spec.draft is None else spec.draft.path,
         draft_digest=None if spec.draft is None else spec.draft.digest,
         frozen_draft_path=draft.path if frozen else None,
         frozen_draft_digest=draft.digest,
     )
+
+
+def initial_goal(fleet: RolloutFleetSpec) -> Goal:
+    """The goal of the fleet's initial weights (what every engine starts on)."""
+    return _goal(fleet, None, fleet.update_strategy.mode)
+
+
+def served_goal(fleet: RolloutFleetSpec, served: Served | None) -> Goal | None:
+    """The goal of keeping what the fleet serves (None on the initial weights: nothing to keep)."""
+    return _goal(fleet, served, fleet.update_strategy.mode) if served is not None else None
+
+
+def serves_exactly(served: Served | None, spec: WeightRevisionSpec) -> bool:
+    """The revision is what the fleet serves: same number, same sources, digests (where pinned) equal."""
+    if served is None or spec.revision != served.revision or spec.verifier.path != served.verifier_path:
+        return False
+    if spec.verifier.digest is not None and spec.verifier.digest != served.verifier_digest:
+        return False
+    draft_path = spec.draft.path if spec.draft is not None else None
+    if draft_path != served.draft_path:
+        return False
+    return spec.draft is None or spec.draft.digest is None or spec.draft.digest == served.draft_digest
 
 
 def mode_of(fleet: RolloutFleetSpec, rev: Revision | None) -> UpdateMode:
@@ -116,24 +177,30 @@ def plan_budget(fleet: RolloutFleetSpec, rev: Revision | None, total: int) -> ro
     return plan
 
 
-def select(fleet: RolloutFleetSpec, current_revision: int | None, revisions: list[Revision]) -> Selection:
-    """Choose the active revision and the goal of this pass."""
+def select(fleet: RolloutFleetSpec, served: Served | None, revisions: list[Revision]) -> Selection:
+    """Choose the active revision and the goal of this pass.
+
+    GitOps semantics (docs/gitops/README.md): an unfinished revision that is exactly what the fleet serves
+    (re-applied after a prune, or finishing after an operator crash between the two status writes) is
+    ``already_served``: Ready at once, no pod touched. One with the served number but other sources, or an
+    older number, is refused ``NotNewer`` unless it sets ``allowOlder`` (a deliberate rollback). Deleting a
+    revision that has not completed cancels it: the goal falls back to ``served``.
+    """
     refused: list[Refusal] = []
-    current = next((r for r in revisions if r.status.phase == Phase.SUCCEEDED and r.number == current_revision), None)
+    already: list[Revision] = []
+    current_number = served.revision if served is not None else None
     candidates: list[Revision] = []
     seen_numbers: dict[int, Revision] = {}
     for rev in sorted(revisions, key=lambda r: (r.created, r.name)):
         if rev.final:
-            if rev.status.phase != Phase.FAILED and rev.spec is not None:
-                seen_numbers.setdefault(rev.number, rev)
             continue
         if rev.spec is None:
             refused.append(Refusal(rev, "ValidationFailed", validation.summary(list(rev.parse_errors))))
             continue
-        # The fleet's currentRevision moves before the revision's phase does (so that a crash between the
-        # two writes never rolls pods backwards): an unfinished revision equal to it is finishing, not stale.
-        finishing = rev.number == current_revision and rev.status.phase == Phase.PROGRESSING and current is None
-        errors = validation.validate_revision(rev.spec, fleet, current_revision=None if finishing else current_revision)
+        if serves_exactly(served, rev.spec) and rev.status.reason != ROLLING_BACK:
+            already.append(rev)
+            continue
+        errors = validation.validate_revision(rev.spec, fleet, current_revision=current_number)
         if errors:
             reason = "NotNewer" if all(e.path == "spec.revision" for e in errors) else "ValidationFailed"
             refused.append(Refusal(rev, reason, validation.summary(errors)))
@@ -152,8 +219,9 @@ def select(fleet: RolloutFleetSpec, current_revision: int | None, revisions: lis
     if active is not None:
         rolling_back = active.status.reason == ROLLING_BACK
         mode = mode_of(fleet, active)
-        goal = _goal(fleet, current if rolling_back else active, mode)
-        return Selection(active, rolling_back, goal, superseded, tuple(refused), current)
-    # Nothing to roll: keep every pod (new ones too) on the current revision, if the fleet has one.
-    keep = _goal(fleet, current, mode_of(fleet, current)) if current is not None else None
-    return Selection(None, False, keep, superseded, tuple(refused), current)
+        goal = _goal(fleet, served if rolling_back else active, mode)
+        return Selection(active, rolling_back, goal, superseded, tuple(refused), served, tuple(already))
+    # Nothing to roll: keep every pod (new ones too) on what the fleet serves. On its initial weights there
+    # is nothing to keep: every engine starts on them (and reports no revision, having loaded nothing).
+    keep = _goal(fleet, served, mode_of(fleet, None)) if served is not None else None
+    return Selection(None, False, keep, superseded, tuple(refused), served, tuple(already))

@@ -14,7 +14,7 @@ from collections.abc import Collection
 
 from rolloutfleet.api.fleet import RolloutType, UpdateMode, UpdateStrategy
 from rolloutfleet.api.revision import StrategyOverride
-from rolloutfleet.planning.transaction import Decision, Step
+from rolloutfleet.planning.transaction import ACTIONS, Decision, Step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +51,20 @@ def budget(strategy: UpdateStrategy, override: StrategyOverride | None, total: i
     )
 
 
+# Verdicts of pods that serve nobody useful: unreachable, answering errors, or not the fleet's pair (a pod
+# that is not at its goal is kept out of the Service by its readiness gate).
+UNAVAILABLE_VERDICTS = frozenset({Step.UNREACHABLE, Step.ENGINE_ERROR, Step.ENGINE_MISMATCH})
+
+
 def out_of_service(decision: Decision) -> bool:
     """The pod is paused or asleep for this transaction (it needs no PAUSE and is not done)."""
-    return decision.step not in (Step.DONE, Step.PAUSE, Step.UNREACHABLE)
+    return decision.step not in (Step.DONE, Step.PAUSE) and decision.step not in UNAVAILABLE_VERDICTS
+
+
+def is_unavailable(name: str, decision: Decision, not_ready: Collection[str]) -> bool:
+    """The pod serves nobody now: out of service for this transaction, unreachable, answering errors, or
+    not routed to by Kubernetes (not Ready: starting, restarted, or not yet on the fleet's weights)."""
+    return out_of_service(decision) or decision.step in UNAVAILABLE_VERDICTS or name in not_ready
 
 
 def admit(
@@ -63,16 +74,24 @@ def admit(
     *,
     gate_open: bool = True,
     inflight: Collection[str] = (),
+    unavailable: Collection[str] = (),
 ) -> dict[str, Decision]:
     """The decisions to execute now (a subset of ``decisions``; verdicts are never returned).
 
     ``gate_open`` is False while the canaries still await their parity probe: the rest do not start.
     ``inflight``: pods whose step is still running (their decision is that step); never chosen again,
-    and a pod pausing counts against the budget already.
+    and a pod pausing counts against the budget already. ``unavailable``: pods Kubernetes does not route
+    to; they count against the budget, and their own PAUSE is admitted whatever the budget (moving a pod
+    that serves nobody costs no availability, and leaving it behind would keep it out of service longer).
     """
+    not_ready = frozenset(unavailable)
     canaries = order[: plan.canary]
     canaries_done = gate_open and all(decisions[p].step == Step.DONE for p in canaries if p in decisions)
-    busy = sum(1 for name, d in decisions.items() if out_of_service(d) or (name in inflight and d.step == Step.PAUSE))
+    busy = sum(
+        1
+        for name, d in decisions.items()
+        if is_unavailable(name, d, not_ready) or (name in inflight and d.step == Step.PAUSE)
+    )
     limit = plan.max_unavailable if plan.rollout == RolloutType.ROLLING else len(order)
     barrier_open = all(
         decisions[p].step in (Step.DONE, Step.RESUME) for p in order if p in decisions and p not in canaries
@@ -80,10 +99,10 @@ def admit(
     chosen: dict[str, Decision] = {}
     for name in order:
         decision = decisions.get(name)
-        if decision is None or decision.step in (Step.DONE, Step.UNREACHABLE) or name in inflight:
+        if decision is None or decision.step not in ACTIONS or name in inflight:
             continue
         is_canary = name in canaries
-        if decision.step == Step.PAUSE:
+        if decision.step == Step.PAUSE and name not in not_ready:
             if not is_canary and not canaries_done:
                 continue
             if busy >= limit:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from rolloutfleet.api.engine import EngineState, LoadResult, TargetState
+from rolloutfleet.api.engine import EngineFault, EngineState, LoadResult, TargetState
 
 INITIAL_REVISION = 0  # the weights a fleet starts with (spec.verifier.path / spec.draft.path)
 
@@ -41,6 +41,8 @@ class Step(enum.StrEnum):
     DONE = "Done"
     VERIFY_FAILED = "VerifyFailed"
     UNREACHABLE = "Unreachable"
+    ENGINE_MISMATCH = "EngineMismatch"  # the engine is not the pair the fleet declares: no step can fix it
+    ENGINE_ERROR = "EngineError"  # the engine answered, but not usably (401, a malformed body, an RPC error)
 
 
 ACTIONS = frozenset(
@@ -71,6 +73,12 @@ class Goal:
     frozen_draft_path: str | None = None  # set when the fleet's draft is frozen
     frozen_draft_digest: str | None = None
     reset_prefix_cache: bool = False  # prefix caching is on: a cache must not serve KV of old weights
+    draft_method: str | None = None  # the fleet's speculative method; None: the fleet runs without a draft
+
+    @property
+    def expects_draft(self) -> bool:
+        """The pair includes a draft: the fleet declares a method, or a draft checkpoint to hold."""
+        return self.draft_method is not None or self.draft_path is not None or self.frozen_draft_path is not None
 
     @property
     def weight_version(self) -> str:
@@ -94,11 +102,32 @@ def verifier_ok(goal: Goal, state: EngineState) -> bool:
     return goal.verifier_digest is None or v.digest == goal.verifier_digest
 
 
+def _same_method(declared: str, reported: str | None) -> bool:
+    # vLLM names some MTP variants after their model family (e.g. "deepseek_mtp"); the fleet says "mtp".
+    return reported == declared or (declared == "mtp" and reported is not None and reported.endswith("mtp"))
+
+
+def engine_mismatch(goal: Goal, state: EngineState) -> str | None:
+    """Why this engine cannot serve the goal's pair whatever is loaded into it, if it cannot.
+
+    An engine started without the fleet's draft (or with another speculative method) would pass every
+    digest check of the verifier and serve without the draft the pair declares; no load can fix that.
+    """
+    if not goal.expects_draft:
+        return None
+    if state.draft is None:
+        return "the engine has no draft model, but the fleet's pair includes one"
+    declared, reported = goal.draft_method, state.draft_method
+    if declared is not None and reported is not None and not _same_method(declared, reported):
+        return f"the engine's speculative method is {reported!r}, the fleet declares {declared!r}"
+    return None
+
+
 def draft_ok(goal: Goal, state: EngineState) -> bool:
     """The draft holds what the goal says: the same revision (co-update) or the frozen checkpoint."""
     draft = state.draft
     if draft is None:
-        return True  # the engine has no draft model
+        return not goal.expects_draft  # no draft model: right only where the fleet has none
     if goal.frozen_draft_path is not None:
         if draft.digest is None:
             # Untouched since start-up (never discarded) only counts where nothing ever slept.
@@ -138,6 +167,7 @@ def at_goal(goal: Goal, state: EngineState) -> bool:
     """Holds the goal's pair, verified, stamped with its weight version (whether or not it serves yet)."""
     return (
         state.reachable
+        and engine_mismatch(goal, state) is None
         and verifier_ok(goal, state)
         and draft_ok(goal, state)
         and (state.weight_version == goal.weight_version or not state.versioned)
@@ -147,7 +177,12 @@ def at_goal(goal: Goal, state: EngineState) -> bool:
 def next_step(goal: Goal, state: EngineState) -> Decision:
     """The next step that moves this engine toward ``goal`` (pure; derived from ``state`` alone)."""
     if not state.reachable:
+        if state.fault is not None and state.fault != EngineFault.UNREACHABLE:
+            return Decision(Step.ENGINE_ERROR, f"{state.fault.value}: {state.error or 'no detail'}")
         return Decision(Step.UNREACHABLE, state.error or "engine did not answer")
+    mismatch = engine_mismatch(goal, state)
+    if mismatch is not None:
+        return Decision(Step.ENGINE_MISMATCH, mismatch)
     in_service = not state.paused and not state.sleeping
     if at_goal(goal, state):
         return Decision(Step.DONE if in_service else Step.RESUME, "loaded and verified")

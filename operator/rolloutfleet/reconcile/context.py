@@ -32,8 +32,21 @@ class FleetMemory:
     steps: dict[str, str] = dataclasses.field(default_factory=dict)
     probe_passed: dict[str, bool] = dataclasses.field(default_factory=dict)
     pool: EnginePool | None = None
-    pool_token: str | None = None
     kick: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+    def retain(self, key: str, pods: set[str]) -> None:
+        """Forget what belongs to other revisions than ``key`` and to pods that are gone.
+
+        Called at the start of every pass, so memory stays bounded by one revision's pods however many
+        revisions a fleet goes through (the status keeps what must survive: attempts, timings).
+        """
+        self.attempts = {k: v for k, v in self.attempts.items() if k[0] == key and k[1] in pods}
+        self.durations = {k: v for k, v in self.durations.items() if k == key}
+        self.started = {k: v for k, v in self.started.items() if k == key}
+        self.probe_passed = {k: v for k, v in self.probe_passed.items() if k == key}
+        self.unreachable_since = {k: v for k, v in self.unreachable_since.items() if k in pods}
+        self.engine_view = {k: v for k, v in self.engine_view.items() if k in pods}
+        self.steps = {k: v for k, v in self.steps.items() if k in pods}
 
 
 @dataclasses.dataclass

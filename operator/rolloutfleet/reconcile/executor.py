@@ -1,14 +1,22 @@
-"""Carry out one step of the per-pod transaction against one engine, with its timeout.
+"""Carry out one step of the per-pod transaction against one engine, each call with its spec deadline.
 
 Called by ``reconcile.revision`` for each admitted ``transaction.Decision``. Each step is one or a few
-engine calls (the bracketed compositions of ``planning.transaction``); the per-step timeout comes from the
-fleet's ``updateStrategy.timeouts``. A failure raises ``StepError`` with a one-line reason; the caller
-counts attempts and decides between retrying and rolling back.
+engine calls (the bracketed compositions of ``planning.transaction``). This is the one place that maps a
+step's calls to the fleet's ``updateStrategy.timeouts``: every call is given exactly its deadline, which
+the client uses as its HTTP timeout (retries included), so nothing waits longer or shorter than the spec
+says. A failure raises ``StepError`` with a CamelCase reason; the caller counts attempts and decides
+between retrying and rolling back.
+
+Resume is fail-closed: the prefix cache is reset *before* the engine resumes, in both modes, and a reset
+that does not go through fails the step while the engine is still paused (the planner derives RESUME
+again and retries it). Requests frozen by ``pause(keep)`` hold KV blocks, which makes vLLM refuse a plain
+reset, so the reset preempts them (``reset_running_requests``): their KV came from the old weights anyway,
+and vLLM recomputes it with the new ones when they are scheduled after the resume.
 """
 
 from __future__ import annotations
 
-import asyncio
+import re
 import time
 
 from rolloutfleet.adapters import engine_wire
@@ -27,51 +35,55 @@ class StepError(RuntimeError):
         self.reason = reason
 
 
-def _timeout(step: Step, timeouts: StepTimeouts) -> float:
-    if step in (Step.LOAD_VERIFIER, Step.LOAD_DRAFT, Step.RESTORE_DRAFT):
-        return float(timeouts.load_seconds)
-    if step == Step.WAKE_WEIGHTS:
-        return float(timeouts.wake_seconds)
-    if step == Step.SLEEP:
-        return float(timeouts.sleep_seconds)
-    if step == Step.RESUME:
-        return float(timeouts.wake_seconds + timeouts.pause_seconds + timeouts.verify_seconds)
-    if step == Step.SET_VERSION:
-        return float(timeouts.verify_seconds)
-    return float(timeouts.pause_seconds)
+def reason_of(exc: engine_wire.EngineError) -> str:
+    """The CamelCase reason of an engine error (an extension code ``load_failed`` → ``ExtensionLoadFailed``).
+
+    ``StepTimeout``: a call outlived the deadline the spec gives its step. ``LoadOutcomeUnknown``: a load was
+    not sent because an earlier one may still be running (observe the engine, then retry).
+    """
+    if isinstance(exc, engine_wire.EngineRPCError):
+        return "Extension" + "".join(p.title() for p in re.split(r"[^0-9A-Za-z]+", exc.code) if p)
+    if isinstance(exc, engine_wire.LoadOutcomeUnknown):
+        return "LoadOutcomeUnknown"
+    if isinstance(exc, engine_wire.EngineTimeout):
+        return "StepTimeout"
+    if isinstance(exc, engine_wire.EngineUnreachable):
+        return "EngineUnreachable"
+    if isinstance(exc, engine_wire.EngineHTTPError):
+        return "EngineHTTPError"
+    if isinstance(exc, engine_wire.EngineInconsistent):
+        return "EngineInconsistent"
+    if isinstance(exc, engine_wire.EngineProtocolError):
+        return "EngineProtocolError"
+    return "EngineError"
 
 
-async def _run(engine: EngineClient, step: Step, goal: Goal) -> LoadResult | None:
+async def _run(engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeouts) -> LoadResult | None:
+    pause = float(timeouts.pause_seconds)  # pause(keep) and the resume composition's reset and resume
+    wake = float(timeouts.wake_seconds)  # each wake_up
+    load = float(timeouts.load_seconds)  # each load or restore
     if step == Step.PAUSE:
-        await engine.pause(mode="keep", clear_cache=False)
+        await engine.pause(mode="keep", clear_cache=False, deadline=pause)
     elif step == Step.SLEEP:
-        await engine.sleep(2)
+        await engine.sleep(2, deadline=float(timeouts.sleep_seconds))
     elif step == Step.WAKE_WEIGHTS:
-        await engine.wake_up(["weights"])
+        await engine.wake_up(["weights"], deadline=wake)
     elif step == Step.LOAD_VERIFIER:
-        return await engine.load(Target.VERIFIER, goal.verifier_path, goal.revision)
+        return await engine.load(Target.VERIFIER, goal.verifier_path, goal.revision, deadline=load)
     elif step == Step.LOAD_DRAFT:
         assert goal.draft_path is not None
-        return await engine.load(Target.DRAFT, goal.draft_path, goal.revision)
+        return await engine.load(Target.DRAFT, goal.draft_path, goal.revision, deadline=load)
     elif step == Step.RESTORE_DRAFT:
         assert goal.frozen_draft_path is not None
-        return await engine.restore_draft(goal.frozen_draft_path)
+        return await engine.restore_draft(goal.frozen_draft_path, deadline=load)
     elif step == Step.SET_VERSION:
-        await engine.update_weight_version(goal.weight_version)
+        await engine.update_weight_version(goal.weight_version, deadline=float(timeouts.verify_seconds))
     elif step == Step.RESUME:
         if goal.sleep_mode:
-            # Level 2 freed every KV block, so the reset cannot find blocks in use; it must succeed.
-            await engine.wake_up(["kv_cache"])
-            if goal.reset_prefix_cache and not await engine.reset_prefix_cache():
-                raise StepError(step, "PrefixCacheBusy", "the prefix cache could not be reset")
-            await engine.resume()
-        else:
-            # In-flight: requests held by pause(keep) still own KV blocks, and vLLM refuses a reset while
-            # any block is in use; they finish after resume, then the reset goes through (the client
-            # retries while vLLM answers success=false).
-            await engine.resume()
-            if goal.reset_prefix_cache and not await engine.reset_prefix_cache():
-                raise StepError(step, "PrefixCacheBusy", "the prefix cache could not be reset after resume")
+            await engine.wake_up(["kv_cache"], deadline=wake)
+        if goal.reset_prefix_cache and not await engine.reset_prefix_cache(reset_running_requests=True, deadline=pause):
+            raise StepError(step, "PrefixCacheNotReset", "the prefix cache could not be reset: not resumed")
+        await engine.resume(deadline=pause)
     else:
         raise ValueError(f"{step} is not an action")
     return None
@@ -83,17 +95,7 @@ async def execute(
     """Run one step; return its duration in seconds and a load's result, or raise ``StepError``."""
     started = time.perf_counter()
     try:
-        load = await asyncio.wait_for(_run(engine, step, goal), timeout=_timeout(step, timeouts))
-    except TimeoutError as exc:
-        raise StepError(step, "StepTimeout", f"no answer within {_timeout(step, timeouts):.0f}s") from exc
-    except engine_wire.EngineRPCError as exc:
-        raise StepError(step, "Extension" + "".join(p.title() for p in exc.code.split("_")), str(exc)) from exc
-    except engine_wire.EngineUnreachable as exc:
-        raise StepError(step, "EngineUnreachable", str(exc)) from exc
-    except engine_wire.EngineTimeout as exc:
-        raise StepError(step, "EngineTimeout", str(exc)) from exc
-    except engine_wire.EngineHTTPError as exc:
-        raise StepError(step, "EngineHTTPError", str(exc)) from exc
+        load = await _run(engine, step, goal, timeouts)
     except engine_wire.EngineError as exc:
-        raise StepError(step, "EngineError", str(exc)) from exc
+        raise StepError(step, reason_of(exc), str(exc)) from exc
     return time.perf_counter() - started, load

@@ -13,6 +13,7 @@ import dataclasses
 import secrets
 from typing import Any
 
+from rolloutfleet.adapters.kube import KubeError
 from rolloutfleet.api import common, validation
 from rolloutfleet.api.fleet import RolloutFleetSpec, RolloutFleetStatus
 from rolloutfleet.planning import fleet_status
@@ -40,7 +41,7 @@ async def reconcile_fleet(ctx: OperatorContext, body: Manifest) -> FleetOutcome:
     old_status = _parse_status(body.get("status"))
     spec, errors = validation.parse_fleet_spec(body.get("spec") or {})
     if spec is not None:
-        errors = validation.validate_fleet(spec)
+        errors = validation.validate_fleet(spec, name=name)
     ctx.metrics.replicas_desired.labels(namespace, name).set(int((body.get("spec") or {}).get("replicas") or 0))
     if spec is None or errors:
         ctx.metrics.validation_failures.labels("RolloutFleet").inc()
@@ -57,15 +58,47 @@ async def reconcile_fleet(ctx: OperatorContext, body: Manifest) -> FleetOutcome:
     desired = children.build_children(owner, spec, ctx.operator_namespace)
     for manifest in desired:
         await ctx.kube.apply(manifest)
+    written = await _observe_and_write(ctx, body, spec)
+    ctx.metrics.reconciles.labels("RolloutFleet", "ok").inc()
+    return FleetOutcome(valid=True, applied=len(desired), status_written=written)
+
+
+async def _observe_and_write(ctx: OperatorContext, body: Manifest, spec: RolloutFleetSpec) -> bool:
+    """Build the status from the StatefulSet, the pods and the revision loop's view; write what changed.
+
+    The write is conditional on ``body``'s resourceVersion: a status computed from an old copy of the fleet
+    is refused (409) instead of overwriting newer fields, and the caller retries from a fresh read.
+    """
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    old_status = _parse_status(body.get("status"))
     sts = await ctx.kube.get("apps/v1", "StatefulSet", namespace, labels.statefulset_name(name))
     pods = await ctx.kube.list("v1", "Pod", namespace, labels.selector_string(name))
+    generation = int(meta.get("generation") or 0)
     new_status = fleet_status.observed(old_status, spec, name, generation, sts, pods, _engines(ctx, namespace, name))
     ctx.metrics.replicas_ready.labels(namespace, name).set(new_status.ready_replicas)
     written = await _write_status(ctx, body, old_status, new_status)
     if written:
         await _events_for_flips(ctx, body, old_status, new_status)
-    ctx.metrics.reconciles.labels("RolloutFleet", "ok").inc()
-    return FleetOutcome(valid=True, applied=len(desired), status_written=written)
+    return written
+
+
+async def refresh_status(ctx: OperatorContext, namespace: str, name: str, attempts: int = 3) -> bool:
+    """Rewrite a fleet's status from fresh reads (the revision loop calls it after each pass, so per-pod
+    revisions show at once rather than at the fleet's next resync). Retries on a write conflict."""
+    for _ in range(attempts):
+        body = await ctx.kube.get(common.API_VERSION, "RolloutFleet", namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return False
+        spec = spec_or_none(body)
+        if spec is None:
+            return False
+        try:
+            return await _observe_and_write(ctx, body, spec)
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+    return False
 
 
 def _engines(ctx: OperatorContext, namespace: str, name: str) -> dict[str, fleet_status.EngineSummary]:
@@ -106,7 +139,14 @@ async def _write_status(ctx: OperatorContext, body: Manifest, old: RolloutFleetS
     if not changed:
         return False
     meta = body["metadata"]
-    await ctx.kube.patch_status(common.API_VERSION, "RolloutFleet", meta["namespace"], meta["name"], changed)
+    await ctx.kube.patch_status(
+        common.API_VERSION,
+        "RolloutFleet",
+        meta["namespace"],
+        meta["name"],
+        changed,
+        resource_version=meta.get("resourceVersion"),
+    )
     return True
 
 
@@ -125,6 +165,6 @@ async def _events_for_flips(
 def spec_or_none(body: Manifest) -> RolloutFleetSpec | None:
     """The fleet's spec when it parses and validates, else None (used by the revision loop)."""
     spec, errors = validation.parse_fleet_spec(body.get("spec") or {})
-    if spec is None or errors or validation.validate_fleet(spec):
+    if spec is None or errors or validation.validate_fleet(spec, name=body["metadata"]["name"]):
         return None
     return spec

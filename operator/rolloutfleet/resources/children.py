@@ -72,9 +72,14 @@ def _resources(spec: RolloutFleetSpec) -> Manifest:
     return {"requests": {k: str(v) for k, v in requests.items()}, "limits": {k: str(v) for k, v in limits.items()}}
 
 
-def _probe(spec: RolloutFleetSpec, failure_threshold: int, period: int = PROBE_PERIOD_SECONDS) -> Manifest:
+READY_PATH = "/rolloutfleet/ready"  # the worker middleware's admission route (worker_image/README.md)
+
+
+def _probe(
+    spec: RolloutFleetSpec, failure_threshold: int, period: int = PROBE_PERIOD_SECONDS, path: str = "/health"
+) -> Manifest:
     return {
-        "httpGet": {"path": "/health", "port": "http"},
+        "httpGet": {"path": path, "port": "http"},
         "periodSeconds": period,
         "timeoutSeconds": 5,
         "failureThreshold": failure_threshold,
@@ -87,6 +92,9 @@ def pod_template(owner: Owner, spec: RolloutFleetSpec) -> Manifest:
     pod_spec: Manifest = {
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "enableServiceLinks": False,
+        # The Service routes to a pod only once the operator says it serves the fleet's verified weights
+        # (a restarted pod starts on the initial checkpoint: /health alone would route to it).
+        "readinessGates": [{"conditionType": labels.WEIGHTS_READY_CONDITION}],
         "containers": [
             {
                 "name": ENGINE_CONTAINER,
@@ -96,7 +104,9 @@ def pod_template(owner: Owner, spec: RolloutFleetSpec) -> Manifest:
                 "env": command.engine_env(spec),
                 "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}],
                 "resources": _resources(spec),
-                "readinessProbe": _probe(spec, failure_threshold=3),
+                # Ready only once the operator admitted this engine process (it verified what it serves):
+                # a restarted container comes back on the initial checkpoint, un-admitted.
+                "readinessProbe": _probe(spec, failure_threshold=1, path=READY_PATH),
                 "livenessProbe": _probe(spec, failure_threshold=6, period=30),
                 "startupProbe": _probe(
                     spec, failure_threshold=max(1, spec.startup_timeout_seconds // PROBE_PERIOD_SECONDS)

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import json
 
+from rolloutfleet.api import fleet
 from rolloutfleet.api import vllm_flags as flags
-from rolloutfleet.api.fleet import DraftMethod, PrefixCaching, RolloutFleetSpec, UpdateMode
+from rolloutfleet.api.fleet import DraftMethod, PrefixCaching, RolloutFleetSpec
 from rolloutfleet.resources import labels
 
 # Env the worker extension reads (see worker_image/rolloutfleet_worker).
 ENV_DRAFT_POLICY = "ROLLOUTFLEET_DRAFT_POLICY"
 ENV_DRAFT_PATH = "ROLLOUTFLEET_DRAFT_PATH"
 ENV_TOKEN_FILE = "ROLLOUTFLEET_CONTROL_TOKEN_FILE"  # noqa: S105 - a variable name, not a secret
+# The directories the extension may load from (':'-separated, the pods are Linux): the engine enforces the
+# fleet's allowedRoots itself, on the files it opens, so a token alone does not open the whole volume.
+ENV_WEIGHT_ROOTS = "ROLLOUTFLEET_WEIGHT_ROOTS"
 
 
 def speculative_config(spec: RolloutFleetSpec) -> dict[str, object] | None:
@@ -62,7 +66,7 @@ def engine_args(spec: RolloutFleetSpec) -> list[str]:
         flags.MIDDLEWARE,
         flags.AUTH_MIDDLEWARE,
     ]
-    if spec.update_strategy.mode == UpdateMode.SLEEP:
+    if fleet.sleep_mode_enabled(spec):
         args.append(flags.ENABLE_SLEEP_MODE)
     config = speculative_config(spec)
     if config is not None:
@@ -72,12 +76,23 @@ def engine_args(spec: RolloutFleetSpec) -> list[str]:
     return args
 
 
+def weight_roots(spec: RolloutFleetSpec) -> list[str]:
+    """Where engines may load from: the allowed roots, plus the initial checkpoints (revision 0 and a frozen
+    draft live wherever the fleet spec says, and a rollback to them must load)."""
+    roots = list(spec.weights.allowed_roots)
+    for path in (spec.verifier.path, spec.draft.path):
+        if path is not None and not any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots):
+            roots.append(path)
+    return roots
+
+
 def engine_env(spec: RolloutFleetSpec) -> list[dict[str, str]]:
     """Container environment: dev-mode routes, token file, draft policy, parity env, then the user's."""
     env = [
         {"name": flags.ENV_DEV_MODE, "value": "1"},
         {"name": ENV_TOKEN_FILE, "value": f"{labels.TOKEN_MOUNT_DIR}/{labels.TOKEN_KEY}"},
         {"name": ENV_DRAFT_POLICY, "value": spec.draft.policy.value},
+        {"name": ENV_WEIGHT_ROOTS, "value": ":".join(weight_roots(spec))},
     ]
     if spec.draft.path is not None:
         env.append({"name": ENV_DRAFT_PATH, "value": spec.draft.path})

@@ -62,3 +62,7 @@ def pdb_name(fleet: str) -> str:
 def token_secret_name(fleet: str) -> str:
     """The Secret holding the engines' control token."""
     return f"{fleet}-control-token"
+
+
+# The pod readiness gate the operator sets from the engine's state (reconcile.gates).
+WEIGHTS_READY_CONDITION = "rolloutfleet.io/weights-ready"

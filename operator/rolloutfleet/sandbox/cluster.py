@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import json
 import pathlib
+import re
 import shutil
 import socket
 import ssl
@@ -388,8 +389,8 @@ class Cluster:
         (self.directory / "scheduler.yaml").write_text(yaml.safe_dump(scheduler, sort_keys=False))
         # Only stages here: a KwokConfiguration document in --config replaces kwok's defaults wholesale
         # (it then fails with "node leases parallelism must be greater than 0"); the options are flags.
-        stages = binaries.asset_path("kwok", "stages.yaml")
-        shutil.copyfile(stages, self.directory / "kwok.yaml")
+        stages = binaries.asset_path("kwok", "stages.yaml").read_text()
+        (self.directory / "kwok.yaml").write_text(without_gate_stage(stages))
 
     def stop(self, *, quiet: bool = False) -> None:
         """Stop every component (process groups, SIGTERM then SIGKILL) and remove the etcd data."""
@@ -428,3 +429,13 @@ def _https_ok(url: str) -> bool:
     context = ssl._create_unverified_context()  # noqa: S323
     with urllib.request.urlopen(url, context=context, timeout=5) as resp:  # noqa: S310
         return bool(resp.read().strip() == b"ok")
+
+
+# kwok's pod-ready stage marks every readiness gate True as the pod starts, which no kubelet does: a gate
+# belongs to its controller (ours: rolloutfleet.io/weights-ready, set by the operator from the engine).
+_GATE_STAGE = re.compile(r"\n[ \t]*\{\{ range \.spec\.readinessGates \}\}.*?\{\{ end \}\}", re.DOTALL)
+
+
+def without_gate_stage(stages: str) -> str:
+    """kwok's stages without the template block that sets readiness gates (the operator sets ours)."""
+    return _GATE_STAGE.sub("", stages)

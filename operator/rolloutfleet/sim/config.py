@@ -102,7 +102,7 @@ class EngineSpec:
     num_speculative_tokens: int = 3
     sleep_mode: bool = True  # --enable-sleep-mode
     tp_size: int = 1  # tensor-parallel ranks: collective_rpc answers one result per rank
-    vllm_version: str = "0.33"  # "0.26": /reset_prefix_cache answers an empty 200 (no success field)
+    vllm_version: str = "0.33"  # "0.26": no /weight_info or /update_weight_version (404)
     served_model_name: str = "policy"
     vocab_size: int = 2048
     shared_tensors: tuple[str, ...] = ()  # tensors the draft shares with the verifier (EAGLE embed/lm_head)

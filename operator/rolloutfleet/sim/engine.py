@@ -6,11 +6,27 @@ It mirrors what DESIGN.md §4 and shared/gpu/README.md record about real vLLM wi
 - ``pause(keep)`` freezes in-flight requests (they finish after ``resume``); ``abort`` ends them at once;
   ``wait`` drains them first. While paused in ``abort``/``wait`` new requests are refused (503, as DESIGN
   §4 states; ``EngineSpec.reject_while_paused=False`` holds them instead, like the ``keep`` mode).
+  ``clear_cache=true`` (vLLM's default) then resets the caches the way vLLM 0.26/0.33 do
+  (``EngineCore._reset_caches``): running requests are preempted, so they hold no blocks any more.
+- KV blocks and the prefix-cache reset (``vllm/v1/core/sched/scheduler.py`` ``reset_prefix_cache`` and
+  ``vllm/v1/core/block_pool.py`` in 0.26 and 0.33): a request holds blocks from its first scheduled step
+  until it ends, also while frozen by ``pause(keep)``. A plain reset is refused (``success: false``)
+  while any block is held; ``reset_running_requests=true`` first preempts the running requests (their
+  blocks are freed; vLLM recomputes them once scheduled again, so they still complete after resume),
+  then the reset succeeds. A level>=1 sleep frees every block the same way.
 - ``sleep(level)`` pauses the scheduler (abort unless ``mode`` says otherwise) and releases memory: level
   1 offloads weights (kept), level 2 discards verifier *and* draft (revision/digest become None, resident
   False). ``wake_up(weights)`` maps weight memory back (zeros after level 2), ``wake_up(kv_cache)`` the KV
   cache; once both are awake the scheduler resumes by itself — unless it was paused before the sleep.
 - ``/is_sleeping`` is true while asleep *or* paused; ``/health`` ignores both.
+- Admission (``admit``/``withdraw``, our middleware's ``/rolloutfleet/*`` routes) is plain state of this
+  core: a restarted engine gets a fresh core, so it starts un-admitted like a new API server process.
+- RPCs (``collective_rpc``) run one at a time, as vLLM's engine core runs utility calls, and run to their
+  end even when the HTTP client gave up (vLLM does not cancel them), so a second RPC queues behind a
+  running load. vLLM's RPC ``timeout`` is honoured only with several workers (``tp_size > 1``: the
+  multiprocessing executor stops waiting and the route answers 500 while the workers go on); a single
+  worker ignores it, as vLLM's uni-process executor does. ``load_gate`` (tests only) holds a load open
+  until it is set. Each RPC but the state read logs ``rpc_started``/``rpc_finished``.
 - Loads: validation codes as the extension; the draft only after the verifier holds the same revision;
   a frozen draft is never loaded, only restored; a load into sleeping weights fails with ``load_failed``
   (our choice: real vLLM would write into unmapped memory and die — the extension must refuse first).
@@ -19,7 +35,8 @@ It mirrors what DESIGN.md §4 and shared/gpu/README.md record about real vLLM wi
   the draft holds the verifier's revision, 0 when it does not, and 1.0 when nothing is resident.
 
 Every state change goes to the engine's call log with a monotonic timestamp (``EngineLog``), including
-which (verifier revision, draft revision, resident) pair generated every served token.
+which (verifier revision, draft revision, resident) pair generated every served token. ``until`` lets a
+test wait for a state (e.g. ``blocks_held``) instead of sleeping.
 """
 
 from __future__ import annotations
@@ -28,6 +45,7 @@ import asyncio
 import dataclasses
 import itertools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import blake3
@@ -99,6 +117,13 @@ class EngineCore:
         )
         self._changed = asyncio.Condition()
         self._rpc_lock = asyncio.Lock()
+        self._rpc_tasks: set[asyncio.Task[list[dict[str, Any]]]] = set()
+        self.load_gate: asyncio.Event | None = None  # tests: a load waits for it before it completes
+        # Our middleware's admission (``/rolloutfleet/admit``): in the API server's memory, so a new
+        # process (a fresh core) starts un-admitted.
+        self.admitted = False
+        self.admitted_revision: int | None = None
+        self.admitted_since: float | None = None
         self._active: dict[int, _Request] = {}
         self._rid = itertools.count()
 
@@ -118,6 +143,16 @@ class EngineCore:
     def runnable(self) -> bool:
         return not self.paused and self.weights_awake and self.kv_awake
 
+    @property
+    def blocks_held(self) -> bool:
+        """Some request holds KV blocks (a plain prefix-cache reset is refused)."""
+        return any(r.holds_blocks for r in self._active.values())
+
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        """Return once ``predicate()`` holds (checked at every state change): order, not time."""
+        async with self._changed:
+            await self._changed.wait_for(predicate)
+
     def pair(self) -> dict[str, Any]:
         """What memory really holds now (not what is claimed): the pair a served token comes from."""
         return {
@@ -136,8 +171,25 @@ class EngineCore:
             return False
         return not weights.same_checkpoint_generation(self.verifier, self.draft)
 
+    def admit(self, revision: int | None) -> None:
+        """As ``rolloutfleet_worker.admission``: a retry for the same revision keeps ``since``."""
+        if not self.admitted or revision != self.admitted_revision:
+            self.admitted_since = round(time.time(), 3)
+        self.admitted, self.admitted_revision = True, revision
+
+    def withdraw(self) -> None:
+        self.admitted, self.admitted_revision, self.admitted_since = False, None, None
+
+    def admission(self) -> dict[str, Any]:
+        """The body of ``/rolloutfleet/ready``, ``/admit`` and ``/withdraw``."""
+        if not self.admitted:
+            return {"admitted": False}
+        return {"admitted": True, "revision": self.admitted_revision, "since": self.admitted_since}
+
     def summary(self) -> dict[str, Any]:
         return {
+            "admitted": self.admitted,
+            "admitted_revision": self.admitted_revision,
             "paused": self.paused,
             "pause_mode": self.pause_mode,
             "sleep_level": self.sleep_level,
@@ -184,6 +236,8 @@ class EngineCore:
         if mode == "abort":
             self._abort_all()
         self.paused, self.pause_mode, self.paused_by_sleep = True, mode, False
+        if clear_cache:  # vLLM: _reset_caches() with reset_running_requests=True, in every mode
+            self.reset_prefix_cache(reset_running=True)
         await self._notify()
 
     async def resume(self) -> None:
@@ -247,25 +301,30 @@ class EngineCore:
         await self._notify()
 
     def reset_prefix_cache(self, reset_running: bool) -> bool:
+        """vLLM's scheduler: refused while blocks are held, unless running requests are preempted first."""
         held = [r for r in self._active.values() if r.holds_blocks]
         if held and not reset_running:
             return False
         for r in held:
-            r.holds_blocks = False
+            r.holds_blocks = False  # preempted: its KV is recomputed when it is scheduled again
         return True
 
     # --- extension RPCs ----------------------------------------------------------------------------
 
-    async def rpc(self, method: str, kwargs: dict[str, Any], *, corrupt: bool, split: bool) -> list[dict[str, Any]]:
-        async with self._rpc_lock:  # vLLM's engine core runs one utility call at a time
-            if method == "rolloutfleet_state":
-                results = self.state_results()
-            elif method == "rolloutfleet_load":
-                results = await self._load(kwargs, corrupt=corrupt)
-            elif method == "rolloutfleet_restore_draft":
-                results = await self._load({**kwargs, "target": "draft", "restore": True}, corrupt=corrupt)
-            else:
-                raise InternalError(f"AttributeError: 'Worker' object has no attribute {method!r}")
+    async def rpc(
+        self, method: str, kwargs: dict[str, Any], *, corrupt: bool, split: bool, rpc_timeout: float | None = None
+    ) -> list[dict[str, Any]]:
+        # The work runs in a task of its own: neither a client that gives up nor vLLM's RPC timeout stops it.
+        task = asyncio.ensure_future(self._rpc_serialized(method, kwargs, corrupt=corrupt))
+        self._rpc_tasks.add(task)
+        task.add_done_callback(self._rpc_done)
+        if rpc_timeout is not None and self.spec.tp_size > 1:
+            try:
+                results = await asyncio.wait_for(asyncio.shield(task), rpc_timeout)
+            except TimeoutError:
+                raise InternalError(f"TimeoutError: RPC call to {method} timed out.") from None
+        else:
+            results = await asyncio.shield(task)
         if split and len(results) > 1 and results[1].get("ok"):
             other = weights.synthetic_digest("split-rank")
             if "verifier" in results[1]:
@@ -273,6 +332,30 @@ class EngineCore:
             else:
                 results[1] = {**results[1], "digest": other}
         return results
+
+    def stop(self) -> None:
+        """The engine process ends (crash, restart, removal): work still running ends with it."""
+        for task in list(self._rpc_tasks):
+            task.cancel()
+
+    def _rpc_done(self, task: asyncio.Task[list[dict[str, Any]]]) -> None:
+        self._rpc_tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a late failure nobody waits for is not an "unhandled" error
+
+    async def _rpc_serialized(self, method: str, kwargs: dict[str, Any], *, corrupt: bool) -> list[dict[str, Any]]:
+        async with self._rpc_lock:  # vLLM's engine core runs one utility call at a time
+            if method == "rolloutfleet_state":
+                return self.state_results()
+            self.log.add("rpc_started", method=method)
+            try:
+                if method == "rolloutfleet_load":
+                    return await self._load(kwargs, corrupt=corrupt)
+                if method == "rolloutfleet_restore_draft":
+                    return await self._load({**kwargs, "target": "draft", "restore": True}, corrupt=corrupt)
+                raise InternalError(f"AttributeError: 'Worker' object has no attribute {method!r}")
+            finally:
+                self.log.add("rpc_finished", method=method)
 
     async def _load(self, kw: dict[str, Any], *, corrupt: bool) -> list[dict[str, Any]]:
         try:
@@ -319,6 +402,8 @@ class EngineCore:
         duration = ckpt.bytes / self.lat.load_bytes_per_s if self.lat.load_bytes_per_s > 0 else 0.0
         if duration > 0:
             await asyncio.sleep(duration)
+        if self.load_gate is not None:
+            await self.load_gate.wait()
         digest = weights.synthetic_digest("corrupt:" + ckpt.path) if corrupt else ckpt.digest
         slot.finish_load(ckpt, revision, digest)
         await self._notify()
@@ -353,7 +438,9 @@ class EngineCore:
                     await self._changed.wait_for(lambda: req.aborted or self.runnable)
                 if req.aborted:
                     break
-                req.holds_blocks = True
+                if not req.holds_blocks:
+                    req.holds_blocks = True  # allocated (again, after a preemption) when scheduled
+                    await self._notify()
                 tokens.append(self._token(prompt, i))
                 logprobs.append(self._logprob(prompt, i))
                 self._count_spec_step()

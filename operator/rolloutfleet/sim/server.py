@@ -6,11 +6,14 @@ bodies follow vLLM's source (``vllm/entrypoints/serve/dev/...`` in 0.26 to 0.33)
 - ``POST /pause`` → ``{"status": "paused"}``, 400 ``{"error": ...}`` for a bad mode; ``POST /resume`` →
   ``{"status": "resumed"}``; ``GET /is_paused`` → ``{"is_paused": bool}``.
 - ``POST /sleep``, ``POST /wake_up`` → empty 200; ``GET /is_sleeping`` → ``{"is_sleeping": bool}``.
-- ``POST /reset_prefix_cache`` → ``{"success": bool}`` (0.33) or an empty 200 (0.26).
+- ``POST /reset_prefix_cache?reset_running_requests=bool`` → ``{"success": bool}`` (0.26 and 0.33 alike,
+  ``vllm/entrypoints/serve/dev/cache/api_router.py``); ``false`` while KV blocks are held unless running
+  requests are preempted (see ``engine``). ``reset_external`` is accepted and ignored (no KV connector).
 - ``POST /update_weight_version`` → ``{"success": true, "new_version": v}``; ``GET /weight_info`` →
   ``{"weight_version": v}``.
-- ``POST /collective_rpc`` → ``{"results": [...]}`` one per rank; an unknown method is a worker
-  ``AttributeError``, i.e. a plain-text 500.
+- ``POST /collective_rpc`` ``{"method", "args", "kwargs", "timeout"}`` → ``{"results": [...]}`` one per
+  rank; an unknown method is a worker ``AttributeError``, i.e. a plain-text 500, and so is vLLM's RPC
+  ``timeout`` expiring (multi-worker engines only; the work goes on, see ``engine``).
 - ``GET /health`` → empty 200 whatever the sleep/pause state; ``GET /metrics``; ``/v1/completions``,
   ``/v1/models``.
 
@@ -19,6 +22,12 @@ it): every route but ``/health``, ``/metrics``, ``/ping``, ``/version``, ``/v1``
 more open ones) needs ``Authorization: Bearer <token>``; otherwise 401
 ``{"error": {"message", "type": "Unauthorized", "code": 401}}`` with ``WWW-Authenticate: Bearer``.
 Faults (``FaultRule``) act after authentication, per step.
+
+The middleware's admission routes (``rolloutfleet_worker.admission``), same bodies and codes:
+``GET /rolloutfleet/ready`` (open) → 200 ``{"admitted": true, "revision", "since"}`` or 503
+``{"admitted": false}``; ``POST /rolloutfleet/admit`` ``{"revision": int|null}`` (token) → 200 as ready's,
+400 for a malformed body, 413 over 4 KiB; ``POST /rolloutfleet/withdraw`` (token) → 200 ``{"admitted": false}``. A crash
+or restart ends the process, and with it the admission. Fault steps: ``ready``, ``admit``, ``withdraw``.
 """
 
 from __future__ import annotations
@@ -39,8 +48,20 @@ from rolloutfleet.sim.engine import EngineCore, EngineLog, InternalError, Reject
 
 # rolloutfleet_worker.auth: open exact paths and prefixes; everything else (deny by default) needs the token.
 OPEN_EXACT = frozenset(
-    {"/health", "/ping", "/metrics", "/version", "/load", "/tokenize", "/detokenize", "/invocations", "/v1"}
+    {
+        "/health",
+        "/ping",
+        "/metrics",
+        "/version",
+        "/load",
+        "/tokenize",
+        "/detokenize",
+        "/invocations",
+        "/v1",
+        "/rolloutfleet/ready",
+    }
 )
+MAX_ADMIT_BODY_BYTES = 4096  # rolloutfleet_worker.admission.MAX_BODY_BYTES
 OPEN_PREFIXES = ("/v1/", "/metrics/")
 
 
@@ -142,6 +163,8 @@ class SimulatedEngine:
 
     async def _close_listener(self) -> None:
         runner, self._runner = self._runner, None
+        self.core.stop()
+        self.core.withdraw()  # the API server process is gone, and its admission with it
         if runner is not None:
             await runner.cleanup()
 
@@ -194,6 +217,9 @@ class SimulatedEngine:
     def _routes(self, app: web.Application) -> None:
         r = app.router
         r.add_get("/health", self._health)
+        r.add_get("/rolloutfleet/ready", self._ready)
+        r.add_post("/rolloutfleet/admit", self._admit)
+        r.add_post("/rolloutfleet/withdraw", self._withdraw)
         r.add_get("/metrics", self._metrics)
         r.add_get("/is_paused", self._is_paused)
         r.add_post("/pause", self._pause)
@@ -253,6 +279,44 @@ class SimulatedEngine:
             return self._body(None)
 
         return await self._step(["health"], {}, act, log=False)
+
+    @property
+    def admitted(self) -> bool:
+        """Whether the operator admitted this engine process (``/rolloutfleet/ready`` answers 200)."""
+        return self.core.admitted
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+            return self._admission(200 if self.core.admitted else 503)
+
+        return await self._step(["ready"], {}, act, log=False)
+
+    async def _admit(self, request: web.Request) -> web.Response:
+        raw = await request.content.read(MAX_ADMIT_BODY_BYTES + 1)
+        too_large = len(raw) > MAX_ADMIT_BODY_BYTES
+        revision, problem = (None, "too large") if too_large else _admit_revision(raw)
+
+        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+            if too_large:
+                message = f"the body is over {MAX_ADMIT_BODY_BYTES} bytes"
+                return _error(413, message, "PayloadTooLarge"), {"error": problem}
+            if problem is not None:
+                return _error(400, problem), {"error": problem}
+            self.core.admit(revision)
+            return self._admission(200)
+
+        return await self._step(["admit"], {"revision": revision}, act)
+
+    async def _withdraw(self, request: web.Request) -> web.Response:
+        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+            self.core.withdraw()
+            return self._admission(200)
+
+        return await self._step(["withdraw"], {}, act)
+
+    def _admission(self, status: int) -> tuple[web.Response, Any]:
+        body = self.core.admission()
+        return web.json_response(body, status=status, headers={"Cache-Control": "no-store"}), body
 
     async def _metrics(self, request: web.Request) -> web.Response:
         async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
@@ -323,10 +387,7 @@ class SimulatedEngine:
         running = request.query.get("reset_running_requests", "false").lower() in ("1", "true")
 
         async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
-            ok = self.core.reset_prefix_cache(running)
-            if self.spec.vllm_version == "0.26":
-                return web.Response(status=200), {"success": ok}
-            return self._body({"success": ok})
+            return self._body({"success": self.core.reset_prefix_cache(running)})
 
         return await self._step(["reset_prefix_cache"], {"reset_running_requests": running}, act)
 
@@ -356,10 +417,11 @@ class SimulatedEngine:
         if method is None:
             return _error(400, "Missing 'method' in request body")
         kwargs = body.get("kwargs") or {}
+        timeout = body.get("timeout")
         keys = ["collective_rpc", str(method)]
         if method == "rolloutfleet_load" and isinstance(kwargs, dict):
             keys.append(f"rolloutfleet_load:{kwargs.get('target')}")
-        args = {"method": method, "args": body.get("args") or [], "kwargs": kwargs}
+        args = {"method": method, "args": body.get("args") or [], "kwargs": kwargs, "timeout": timeout}
 
         async def act(flags: set[FaultKind]) -> tuple[web.Response, Any]:
             try:
@@ -368,6 +430,7 @@ class SimulatedEngine:
                     kwargs if isinstance(kwargs, dict) else {},
                     corrupt=FaultKind.CORRUPT_LOAD in flags,
                     split=FaultKind.SPLIT_RANKS in flags,
+                    rpc_timeout=float(timeout) if isinstance(timeout, int | float) else None,
                 )
             except InternalError:
                 return _internal(), {"error": "internal"}
@@ -445,6 +508,22 @@ class SimulatedEngine:
         return web.json_response(
             {"object": "list", "data": [{"id": self.spec.served_model_name, "object": "model", "owned_by": "vllm"}]}
         )
+
+
+def _admit_revision(raw: bytes) -> tuple[int | None, str | None]:
+    """``rolloutfleet_worker.admission.parse_revision``: (revision, None) or (None, why the body is refused)."""
+    try:
+        body = json.loads(raw) if raw.strip() else None
+    except (ValueError, UnicodeDecodeError):
+        return None, "the body is not JSON"
+    if not isinstance(body, dict) or "revision" not in body:
+        return None, 'the body must be a JSON object {"revision": <int or null>}'
+    revision = body["revision"]
+    if revision is None:
+        return None, None
+    if isinstance(revision, bool) or not isinstance(revision, int) or revision < 0:
+        return None, "revision must be a non-negative integer or null"
+    return revision, None
 
 
 async def _json(request: web.Request) -> Any:

@@ -36,4 +36,3 @@ TRANSACTION: list[tuple[str, Step]] = [
     ("reset_prefix_cache", lambda c: c.reset_prefix_cache()),
     ("resume", lambda c: c.resume()),
 ]
-IDEMPOTENT_STEPS = {"rolloutfleet_state"}

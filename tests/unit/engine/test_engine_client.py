@@ -23,7 +23,7 @@ from rolloutfleet.adapters.engine_wire import (
     EngineRPCError,
     EngineUnreachable,
 )
-from rolloutfleet.api.engine import derive_sleep_level
+from rolloutfleet.api.engine import EngineFault, derive_sleep_level
 from rolloutfleet.sim import EngineSpec, FaultKind, FaultRule, SimulatedEngine, SimulatedFleet
 
 
@@ -84,8 +84,10 @@ async def test_tensor_parallel_ranks_must_agree(client: EngineClient, sim: Simul
     assert (await client.observe()).ranks == 2
     sim.add_fault(FaultRule(step="rolloutfleet_state", kind=FaultKind.SPLIT_RANKS))
     with pytest.raises(EngineInconsistent) as err:
-        await client.observe()
+        await client.extension_state()
     assert len(err.value.results) == 2
+    sim.add_fault(FaultRule(step="rolloutfleet_state", kind=FaultKind.SPLIT_RANKS))
+    assert (await client.observe()).fault == EngineFault.INCONSISTENT  # observe reports it, never serves it
     sim.add_fault(FaultRule(step="rolloutfleet_load", kind=FaultKind.SPLIT_RANKS))
     with pytest.raises(EngineInconsistent):
         await client.load("verifier", V1, 1)
@@ -111,7 +113,7 @@ async def test_reset_prefix_cache_retries_while_blocks_are_held(client: EngineCl
     sim.core.lat = dataclasses.replace(sim.core.lat, token_s=0.02)  # requests stay running a while
     async with aiohttp.ClientSession() as s:
         running = asyncio.ensure_future(s.post(sim.url + "/v1/completions", json={"prompt": [1], "max_tokens": 50}))
-        await asyncio.sleep(0.1)
+        await sim.core.until(lambda: sim.core.blocks_held)  # scheduled: it holds KV blocks
         await client.pause("keep")  # the running request keeps its KV blocks
         assert await client.reset_prefix_cache() is False
         resets = [e for e in sim.log.entries if e["step"] == "reset_prefix_cache"]
@@ -123,7 +125,7 @@ async def test_reset_prefix_cache_retries_while_blocks_are_held(client: EngineCl
 
 @pytest.mark.parametrize("spec", [EngineSpec(vllm_version="0.26")])
 async def test_vllm_026_empty_bodies_are_understood(client: EngineClient, sim: SimulatedEngine) -> None:
-    assert await client.reset_prefix_cache() is True  # 0.26: empty 200, no success field
+    assert await client.reset_prefix_cache() is True  # 0.26 answers {"success": bool} like 0.33
     await client.pause("keep")
     await client.sleep(2)  # empty 200
     await client.wake_up()  # empty 200
@@ -195,3 +197,22 @@ async def test_missing_version_routes_are_remembered_until_the_engine_drops_out(
     assert (await pool.client(sim.url).observe()).reachable is False
     await asyncio.sleep(0.5)
     assert not (await pool.client(sim.url).observe()).versioned and asked() == 2
+
+
+async def test_a_rotated_token_falls_back_to_the_previous_one_while_engines_catch_up(sim: SimulatedEngine) -> None:
+    """Issue 15 defect 8 (found again by the soak): the operator reads a replaced Secret at once, an engine
+    only when its kubelet refreshes the mounted copy; the 401s in between failed steps and rolled revisions
+    back. A 401 is answered before anything is done, so one retry with the previous token is safe, and only
+    within the grace period (an old token must not stay usable for ever)."""
+    from rolloutfleet.adapters.engine import Credentials
+
+    now = [0.0]
+    async with EnginePool(token=TOKEN) as pool:
+        pool.credentials = Credentials(TOKEN, grace=60.0, clock=lambda: now[0])
+        pool.credentials.rotate("the-new-token")  # the engine still holds TOKEN
+        await pool.client(sim.url).pause()  # 401 with the new token, then accepted with the previous one
+        now[0] = 61.0
+        with pytest.raises(EngineHTTPError) as err:
+            await pool.client(sim.url).resume()
+    assert err.value.status == 401
+    assert "the-new-token" not in repr(pool.credentials) and TOKEN not in repr(pool.credentials)

@@ -7,7 +7,7 @@ before it must succeed and the faulted step must end the way the operator expect
 from __future__ import annotations
 
 import pytest
-from engine_support import IDEMPOTENT_STEPS, TRANSACTION, Latencies
+from engine_support import TRANSACTION, Latencies
 
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.adapters.engine_wire import EngineHTTPError, EngineTimeout, EngineUnreachable
@@ -38,12 +38,12 @@ async def test_http_error_is_typed_and_carries_vllms_body(client: EngineClient, 
 
 @pytest.mark.parametrize("key", STEP_KEYS)
 async def test_timeout_is_typed(client: EngineClient, sim: SimulatedEngine, key: str) -> None:
+    """A call that outlives its deadline is an ``EngineTimeout``, idempotent or not: the deadline is the
+    caller's budget for the call with all its retries, so a hung attempt leaves no time for another."""
     sim.add_fault(FaultRule(step=key, kind=FaultKind.TIMEOUT))
-    if key in IDEMPOTENT_STEPS:
-        await run_until(client, key)
-        return
     with pytest.raises(EngineTimeout):
         await run_until(client, key)
+    assert sum(1 for e in sim.log.entries if "fault" in e) == 1
 
 
 @pytest.mark.parametrize("key", STEP_KEYS)

@@ -118,3 +118,39 @@ async def test_cli_config_builds_a_fleet(tmp_path: pathlib.Path) -> None:
     assert plan.addresses == [("127.1.7.1", 0)] and plan.fleet.token == TOKEN and plan.fleet.spec.tp_size == 2
     assert plan.faults[0][0] == "127.1.7.1:0" and plan.faults[0][1].kind == "crash"
     assert commands.expand_range("127.1.0.254-127.1.1.1") == ["127.1.0.254", "127.1.0.255", "127.1.1.0", "127.1.1.1"]
+
+
+async def test_admission_is_lost_with_the_process_and_visible_to_an_observer(fleet: SimulatedFleet) -> None:
+    """A crashed engine restarts on its initial weights: it must come back un-admitted (its readiness
+    probe fails) until the operator checked it again, and the admin state shows what the probe sees."""
+    base = fleet.admin_url
+    assert base is not None
+    sim = await fleet.add("127.0.0.1", 0)
+    async with aiohttp.ClientSession() as s:
+        async with s.get(sim.url + "/rolloutfleet/ready") as r:
+            assert r.status == 503 and await r.json() == {"admitted": False}
+        async with s.post(sim.url + "/rolloutfleet/admit", json={"revision": 4}) as r:
+            assert r.status == 401
+        async with s.post(sim.url + "/rolloutfleet/admit", json={"revision": 4}, headers=AUTH) as r:
+            assert r.status == 200 and (await r.json())["revision"] == 4
+        async with s.get(sim.url + "/rolloutfleet/ready") as r:
+            assert r.status == 200 and (await r.json())["admitted"] is True
+        assert sim.admitted and sim.core.summary()["admitted_revision"] == 4
+        async with s.get(f"{base}/admin/engines/{sim.key}/state", headers=AUTH) as r:
+            assert (await r.json())["admitted"] is True
+        async with s.post(f"{base}/admin/engines/{sim.key}/crash", headers=AUTH) as r:
+            assert r.status == 200
+        async with s.get(f"{base}/admin/engines/{sim.key}/state", headers=AUTH) as r:
+            state = await r.json()
+            assert state["running"] is False and state["admitted"] is False
+        async with s.post(f"{base}/admin/engines/{sim.key}/restart", headers=AUTH) as r:
+            assert r.status == 200
+        async with s.get(sim.url + "/health") as h, s.get(sim.url + "/rolloutfleet/ready") as r:
+            assert h.status == 200 and r.status == 503  # alive, but not admitted: no traffic yet
+        assert not sim.admitted
+        async with s.post(sim.url + "/rolloutfleet/admit", json={"revision": None}, headers=AUTH) as r:
+            assert r.status == 200
+        async with s.post(sim.url + "/rolloutfleet/withdraw", headers=AUTH) as r:
+            assert r.status == 200 and await r.json() == {"admitted": False}
+    steps = [e["step"] for e in sim.log.entries if e["step"] in ("admit", "withdraw", "crash", "restart")]
+    assert steps == ["admit", "crash", "restart", "admit", "withdraw"]

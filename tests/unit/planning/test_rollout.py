@@ -86,3 +86,29 @@ def test_canaries_first() -> None:
     assert set(rollout.admit(d, PODS, plan(canary=2))) == {"p-0"}  # canaries resume before the barrier
     d = decisions(Step.DONE, Step.DONE, Step.PAUSE, Step.PAUSE, Step.PAUSE, Step.PAUSE)
     assert set(rollout.admit(d, PODS, plan(canary=2))) == set(PODS[2:])
+
+
+def test_unreachable_pods_count_against_max_unavailable() -> None:
+    """Issue 15 defect 4: two unreachable engines already serve nobody; with maxUnavailable=1 pausing a
+    third would leave three of six out of service. Nothing new is paused until they are back."""
+    d = decisions(Step.UNREACHABLE, Step.UNREACHABLE, Step.PAUSE, Step.PAUSE, Step.PAUSE, Step.PAUSE)
+    assert rollout.admit(d, PODS, plan(rollout=RolloutType.ROLLING, max_unavailable=1)) == {}
+    assert set(rollout.admit(d, PODS, plan(rollout=RolloutType.ROLLING, max_unavailable=3))) == {"p-2"}
+
+
+def test_engines_in_error_count_against_max_unavailable() -> None:
+    """An engine answering 401s or garbage is not available either."""
+    d = decisions(Step.ENGINE_ERROR, Step.ENGINE_MISMATCH, Step.PAUSE, Step.PAUSE, Step.PAUSE, Step.PAUSE)
+    assert set(rollout.admit(d, PODS, plan(rollout=RolloutType.ROLLING, max_unavailable=3))) == {"p-2"}
+
+
+def test_pods_not_ready_count_against_the_budget_and_are_caught_up_outside_it() -> None:
+    """Issue 15 defects 4 and 6: a pod Kubernetes does not route to (restarted, still starting, or not yet
+    holding the fleet's weights) is unavailable, so it uses up budget; and since it serves nobody, moving it
+    to the goal costs no availability: it is admitted at once, whatever the budget."""
+    d = decisions(Step.PAUSE, Step.PAUSE, Step.PAUSE, Step.PAUSE, Step.PAUSE, Step.PAUSE)
+    rolling = plan(rollout=RolloutType.ROLLING, max_unavailable=1)
+    assert set(rollout.admit(d, PODS, rolling, unavailable={"p-4"})) == {"p-4"}
+    assert set(rollout.admit(d, PODS, rolling, unavailable={"p-4", "p-5"})) == {"p-4", "p-5"}
+    d = decisions(Step.LOAD_VERIFIER, Step.PAUSE, Step.PAUSE, Step.PAUSE, Step.PAUSE, Step.PAUSE)
+    assert set(rollout.admit(d, PODS, rolling, unavailable={"p-5"})) == {"p-0", "p-5"}

@@ -132,5 +132,56 @@ def test_engines_without_weight_versions_skip_the_version_step() -> None:
 def test_every_action_is_an_action() -> None:
     from rolloutfleet.planning.transaction import ACTIONS
 
-    verdicts = {Step.DONE, Step.VERIFY_FAILED, Step.UNREACHABLE}
+    verdicts = {Step.DONE, Step.VERIFY_FAILED, Step.UNREACHABLE, Step.ENGINE_MISMATCH, Step.ENGINE_ERROR}
     assert set(Step) - verdicts == ACTIONS
+
+
+# --- issue 15, defect 2: an engine without the fleet's draft never satisfies a goal that has one ---------
+
+DRAFT_GOAL = dataclasses.replace(SLEEP, draft_method="draft_model")
+
+
+def _no_draft(**kw: object) -> EngineState:
+    base = state(paused=True, v=2, d=2, version="2")
+    return dataclasses.replace(base, draft=None, **kw)  # type: ignore[arg-type]
+
+
+def test_co_updated_draft_goal_and_an_engine_without_a_draft_is_a_verdict() -> None:
+    """A co-updated draft that the engine does not have cannot be loaded or skipped: serving the verifier
+    alone would drop the fleet's speculative decoding silently, so the pod is never resumed or done."""
+    decision = next_step(SLEEP, _no_draft())
+    assert decision.step == Step.ENGINE_MISMATCH and "draft" in decision.reason
+    assert not at_goal(SLEEP, _no_draft())
+    serving = dataclasses.replace(_no_draft(), paused=False, sleeping=False)
+    assert next_step(SLEEP, serving).step == Step.ENGINE_MISMATCH
+
+
+def test_frozen_draft_goal_and_an_engine_without_a_draft_is_a_verdict() -> None:
+    """A frozen draft is part of the pair as much as a co-updated one."""
+    assert next_step(FROZEN, _no_draft()).step == Step.ENGINE_MISMATCH
+
+
+def test_draft_method_differing_from_the_fleet_spec_is_a_verdict() -> None:
+    """An engine started with another speculative method (eagle instead of a draft model) serves another
+    pair than the fleet declares, whatever its digests say."""
+    eagle = dataclasses.replace(state(paused=True, v=2, d=2, version="2"), draft_method="eagle")
+    decision = next_step(DRAFT_GOAL, eagle)
+    assert decision.step == Step.ENGINE_MISMATCH and "eagle" in decision.reason
+    same = dataclasses.replace(eagle, draft_method="draft_model")
+    assert next_step(DRAFT_GOAL, same).step == Step.RESUME
+
+
+def test_a_fleet_without_speculation_ignores_the_draft_slot() -> None:
+    """``method: none``: no draft expected, none loaded (the engine may report none)."""
+    goal = Goal(revision=2, verifier_path="/w/2/v", sleep_mode=False)
+    assert next_step(goal, _no_draft()).step == Step.RESUME
+
+
+def test_engine_faults_other_than_the_network_are_their_own_verdict() -> None:
+    """Issue 15 defect 11: a 401 or a protocol error is not a network blip: distinct verdict and reason."""
+    from rolloutfleet.api.engine import EngineFault
+
+    unauthorized = EngineState.failed(EngineFault.UNAUTHORIZED, "HTTP 401")
+    decision = next_step(SLEEP, unauthorized)
+    assert decision.step == Step.ENGINE_ERROR and "unauthorized" in decision.reason.lower()
+    assert next_step(SLEEP, EngineState.unreachable("refused")).step == Step.UNREACHABLE

@@ -1,0 +1,57 @@
+"""Pure reads of a pod's readiness: engine up, weights gate, routed by the Service.
+
+Called by ``reconcile.gates``, ``reconcile.revision`` and ``planning.fleet_status``. The kubelet marks a
+pod Ready only when its containers are ready *and* every readiness gate of its spec is True; ``routed``
+computes that rule from the pod itself rather than trusting ``Ready`` alone, so a kubelet stand-in that
+ignores gates cannot make a pod that holds the wrong weights count as serving.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rolloutfleet.resources import labels
+
+Manifest = dict[str, Any]
+
+
+def condition(pod: Manifest, type_: str) -> str | None:
+    """The status ("True", "False", "Unknown") of a pod condition, None when absent."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_:
+            return str(cond.get("status"))
+    return None
+
+
+def gate_value(pod: Manifest) -> bool | None:
+    """The weights gate as stored on the pod (None: never set)."""
+    value = condition(pod, labels.WEIGHTS_READY_CONDITION)
+    return None if value is None else value == "True"
+
+
+def containers_ready(pod: Manifest) -> bool:
+    """The engine container passed its readiness probe (the engine process was admitted)."""
+    ready = condition(pod, "ContainersReady")
+    return ready == "True" if ready is not None else condition(pod, "Ready") == "True"
+
+
+def engine_up(pod: Manifest) -> bool:
+    """The engine answers (its startup probe, ``/health``, passed), whatever it holds and whether or not it
+    was admitted: the pods the revision loop can observe and move. Kubelets report ``started``; where a
+    stand-in does not (kwok), ContainersReady stands in for it."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    if statuses and all("started" in cs for cs in statuses):
+        return all(cs.get("started") is True for cs in statuses)
+    return containers_ready(pod)
+
+
+def routed(pod: Manifest) -> bool:
+    """The pod is behind the Service: containers ready, and every readiness gate of its spec True."""
+    gated = _gated(pod)
+    if not gated:
+        return condition(pod, "Ready") == "True"
+    return containers_ready(pod) and all(condition(pod, gate) == "True" for gate in gated)
+
+
+def _gated(pod: Manifest) -> list[str]:
+    return [str(g.get("conditionType")) for g in (pod.get("spec") or {}).get("readinessGates") or []]

@@ -1,0 +1,504 @@
+"""``RolloutPass``: one pass that moves a fleet's engines toward one goal, each pod on its own.
+
+Built and run by ``reconcile.revision`` once it has chosen the goal. Loop: read the engines whose state is
+not known from an acknowledgement → decide each pod's next step (``planning.transaction``) → admit steps
+under the budget (``planning.rollout``) → execute them (``executor``), each pod going on as soon as its own
+step finished → until every pod is at the goal, a barrier or budget makes it wait, a failure changes the
+plan, or a newer revision interrupts. A pod is read from its engine right before it resumes and before it
+is called done; everything else between two reads is known from the engine's own acknowledgements.
+Nothing here is a cursor: the next pass derives everything again from the engines.
+
+The pass owns the pods' readiness gates (``reconcile.gates``): closed before a pod pauses, opened after it
+resumed on verified weights, and reconciled for every pod when the pass ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rolloutfleet.adapters.engine import EngineClient
+from rolloutfleet.adapters.kube import KubeError
+from rolloutfleet.api import engine
+from rolloutfleet.api.engine import EngineFault
+from rolloutfleet.api.fleet import RolloutFleetSpec
+from rolloutfleet.api.revision import ParityProbe, ParityProbeResult, Phase, PodFailure
+from rolloutfleet.planning import failures, revision_status, revisions, rollout, transaction, verification
+from rolloutfleet.planning.transaction import Decision, Goal, Step
+from rolloutfleet.reconcile import executor, gates, probe
+from rolloutfleet.reconcile import status_writes as writes
+from rolloutfleet.reconcile.context import FleetMemory, OperatorContext
+
+Manifest = dict[str, Any]
+log = logging.getLogger(__name__)
+STATUS_WRITE_INTERVAL = 0.5
+FAULT_REASONS = {
+    EngineFault.UNAUTHORIZED: "EngineUnauthorized",
+    EngineFault.PROTOCOL: "EngineProtocolError",
+    EngineFault.EXTENSION: "EngineExtensionError",
+    EngineFault.INCONSISTENT: "EngineRanksDisagree",
+}
+
+
+@dataclasses.dataclass
+class PassOutcome:
+    """What a pass ended with; ``again`` asks the loop to run the next pass right away."""
+
+    again: bool = False
+    idle: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class PodView:
+    """The fleet's pods as Kubernetes shows them at the start of a pass."""
+
+    order: list[str]  # pods whose engine is up (containers ready), by ordinal: the pods the pass moves
+    bodies: dict[str, Manifest]  # every live pod with an IP, by name
+    not_routed: frozenset[str]  # pods the Service does not route to (they cost no availability to move)
+    starting: frozenset[str]  # pods whose engine is not up yet: unavailable, not moved, not failed
+
+
+class RolloutPass:
+    """The steps of one pass (a class only to keep the many collaborators out of argument lists)."""
+
+    def __init__(
+        self,
+        ctx: OperatorContext,
+        spec: RolloutFleetSpec,
+        fleet_body: Manifest,
+        memory: FleetMemory,
+        sel: revisions.Selection,
+        pods: PodView,
+        clients: dict[str, EngineClient],
+        interrupted: Callable[[], bool],
+    ) -> None:
+        self.ctx, self.spec, self.fleet_body, self.memory, self.sel = ctx, spec, fleet_body, memory, sel
+        self.pods, self.clients, self.interrupted = pods, clients, interrupted
+        self.order = pods.order
+        assert sel.goal is not None
+        self.goal: Goal = sel.goal
+        self.kept = revisions.served_goal(spec, sel.served)  # pods on it may keep serving meanwhile
+        self.rev = sel.active
+        total = max(1, len(self.order) + len(pods.starting))
+        self.plan = revisions.plan_budget(spec, sel.active, total)
+        self.loads = asyncio.Semaphore(self.plan.max_concurrent_loads or max(1, len(self.order)))
+        self.key = self.rev.name if self.rev is not None else f"current-{self.goal.revision}"
+        memory.retain(self.key, set(pods.bodies))
+        self.states: dict[str, engine.EngineState] = {}
+        self.stale: set[str] = set(self.order)  # pods whose state must be read from the engine
+        self.fresh: set[str] = set()  # pods read from the engine since their last step
+        self.changed: set[str] = set(self.order)  # pods whose decision must be derived again
+        self.inflight: dict[str, asyncio.Task[None]] = {}  # pods with a step running
+        self.decided_goal: Goal | None = None  # the goal (with reference digests) decisions were made for
+        self.verified: set[str] = set()  # pods read from the engine when they were ready to resume or done
+        self.decisions: dict[str, Decision] = {}
+        self.messages: dict[str, str] = {}
+        self.reasons: dict[str, str] = {}
+        self.last_write = 0.0
+        self.writer: asyncio.Task[None] | None = None
+        meta = fleet_body["metadata"]
+        self.fleet_labels = (str(meta["namespace"]), str(meta["name"]))
+        self.probe_result: ParityProbeResult | None = None
+        self.reads = 0
+        self.timing = {"start": time.monotonic(), "iterations": 0, "observe": 0.0, "steps": 0.0, "status": 0.0}
+        if self.rev is not None:
+            for pod in self.rev.status.pods:  # attempts survive operator restarts through the status
+                prev = memory.attempts.get((self.key, pod.name), 0)
+                memory.attempts[(self.key, pod.name)] = max(prev, pod.attempts)
+            memory.started.setdefault(self.key, time.monotonic())
+
+    async def run(self) -> PassOutcome:
+        if self.rev is not None and self.rev.status.phase == Phase.PENDING:
+            await self.ctx.kube.event(
+                writes.wrev_ref(self.rev.body),
+                "Normal",
+                "RolloutStarted",
+                f"moving {len(self.order)} pods to revision {self.goal.revision} "
+                f"({self.plan.mode.value}, {self.plan.rollout.value})",
+            )
+        try:
+            return await self._iterations()
+        finally:
+            for task in self.inflight.values():  # only after an error: every normal exit drains first
+                task.cancel()
+            await asyncio.gather(*self.inflight.values(), return_exceptions=True)
+            if self.writer is not None:
+                await asyncio.gather(self.writer, return_exceptions=True)
+            with contextlib.suppress(KubeError):
+                await self._sync_gates()
+            self.memory.engine_view = {p: self.states[p] for p in self.order if p in self.states}
+            t = self.timing
+            log.info(
+                "pass %s: %d iterations, %d engine reads in %.2fs (observe %.2fs, waiting on steps %.2fs, "
+                "status %.2fs)",
+                self.key,
+                t["iterations"],
+                self.reads,
+                time.monotonic() - t["start"],
+                t["observe"],
+                t["steps"],
+                t["status"],
+            )
+
+    async def _iterations(self) -> PassOutcome:
+        """Each pod moves on as soon as its own step finished (no lock-step rounds across the fleet): a
+        slow pod delays only itself, and the strategy's barrier and budget still hold (``rollout.admit``).
+        """
+        while True:
+            self.timing["iterations"] += 1
+            mark = time.monotonic()
+            read = await self._observe()
+            self.timing["observe"] += time.monotonic() - mark
+            # Called done only once read from the engine itself (an acknowledgement is not enough).
+            settled = {p: d for p, d in self.decisions.items() if p not in self.inflight}
+            self.verified |= {p for p in read if self.decisions[p].step in (Step.RESUME, Step.DONE)}
+            unverified = {p for p, d in settled.items() if d.step == Step.DONE} - self.verified
+            if unverified:
+                self.stale |= unverified
+                continue
+            if self._complete():
+                await self._write_status(force=True)
+                return await self._finish()
+            await self._parity_probe()
+            failed = self._exhausted()
+            if failed:
+                await self._drain()
+                await self._write_status(force=True)
+                return await self._give_up(failed)
+            chosen = rollout.admit(
+                self.decisions,
+                self.order,
+                self.plan,
+                gate_open=self._probe_gate_open(),
+                inflight=self.inflight,
+                unavailable=self.pods.not_routed | self.pods.starting,
+            )
+            # Resume only on a state read from the engine now, not on acknowledgements: pods waiting at the
+            # barrier are read once, when they are about to resume (not after every other pod's step).
+            unread = {p for p, d in chosen.items() if d.step == Step.RESUME and p not in self.fresh}
+            if unread:
+                self.stale |= unread
+                chosen = {p: d for p, d in chosen.items() if p not in unread}
+            for pod, decision in chosen.items():
+                self.fresh.discard(pod)
+                self.inflight[pod] = asyncio.create_task(self._step(pod, decision))
+            if not self.inflight:
+                if unread:
+                    continue
+                await self._write_status(force=True)
+                return PassOutcome(again=False, idle=False)
+            mark = time.monotonic()
+            await asyncio.wait(self.inflight.values(), return_when=asyncio.FIRST_COMPLETED)
+            for pod in [p for p, task in self.inflight.items() if task.done()]:
+                self.inflight.pop(pod).result()  # _step handles step errors; anything else is a bug: raise
+            self.timing["steps"] += time.monotonic() - mark
+            mark = time.monotonic()
+            await self._write_status()
+            self.timing["status"] += time.monotonic() - mark
+            if self.interrupted() or (self.rev is not None and self.rev.deleted):
+                await self._drain()
+                await self._write_status(force=True)
+                return PassOutcome(again=True, idle=False)
+
+    async def _drain(self) -> None:
+        """Let the steps still running finish (a step is never abandoned half way by the pass)."""
+        while self.inflight:
+            pod, task = next(iter(self.inflight.items()))
+            await task
+            del self.inflight[pod]
+
+    async def _observe(self) -> set[str]:
+        """Read the engines whose state is not known from an acknowledgement; decide every pod's step.
+
+        Returns the pods read. A step's success is an observation too (``transaction.acknowledged``), so
+        after the first read only pods that failed, or that are about to resume or be called done, are read.
+        """
+        read = [p for p in self.order if p in self.stale and p not in self.inflight]
+        for pod, state in zip(read, await asyncio.gather(*(self.clients[p].observe() for p in read)), strict=True):
+            self.states[pod] = state
+        self.reads += len(read)
+        self.stale.difference_update(read)
+        self.fresh.update(read)
+        self.changed.update(read)
+        now = time.monotonic()
+        goal = verification.with_reference_digests(self.goal, list(self.states.values()))
+        # Decide again only where something changed (a read, a finished step), unless the reference
+        # digests moved: then every settled pod's verdict may have.
+        again = self.order if goal != self.decided_goal else [p for p in self.order if p in self.changed]
+        self.decided_goal = goal
+        for pod in again:
+            if pod in self.inflight or pod not in self.states:
+                continue  # its decision is the step it is running
+            self.changed.discard(pod)
+            decision = self._decide(pod, goal, now)
+            self.decisions[pod] = decision
+        self.memory.engine_view = {p: self.states[p] for p in self.order if p in self.states}
+        self.memory.steps = {p: d.step.value for p, d in self.decisions.items()}
+        return set(read)
+
+    def _decide(self, pod: str, goal: Goal, now: float) -> Decision:
+        """The pod's next step, counting verdicts that are failures (they are read again next pass)."""
+        state = self.states[pod]
+        decision = transaction.next_step(goal, state)
+        if decision.step == Step.UNREACHABLE:
+            since = self.memory.unreachable_since.setdefault(pod, now)
+            if now - since > self.spec.update_strategy.timeouts.wake_seconds:
+                self._fail(pod, "EngineUnreachable", decision.reason)
+                self.memory.unreachable_since[pod] = now
+            return decision
+        self.memory.unreachable_since.pop(pod, None)
+        if decision.step == Step.ENGINE_ERROR:
+            # Not a network blip: a refused token, a malformed answer or an extension error is a failed
+            # attempt with its own reason (and shows as such), not a wait for the network.
+            assert state.fault is not None
+            self._fail(pod, FAULT_REASONS.get(state.fault, "EngineError"), decision.reason)
+        elif decision.step == Step.ENGINE_MISMATCH:
+            self._fail(pod, "EngineMismatch", decision.reason)
+        elif decision.step == Step.VERIFY_FAILED:
+            # A mismatching digest is a failed attempt; the retry reloads the offending target.
+            self._fail(pod, "VerifyFailed", decision.reason)
+            target = Step.LOAD_VERIFIER if decision.reason.startswith("verifier") else Step.LOAD_DRAFT
+            if decision.reason.startswith("frozen"):
+                target = Step.RESTORE_DRAFT
+            decision = Decision(target, decision.reason)
+        return decision
+
+    def _probe_spec(self) -> ParityProbe | None:
+        if self.rev is None or self.rev.spec is None or self.sel.rolling_back:
+            return None
+        return self.rev.spec.parity_probe
+
+    def _probe_gate_open(self) -> bool:
+        return self._probe_spec() is None or self.memory.probe_passed.get(self.key, False)
+
+    async def _parity_probe(self) -> None:
+        """Once every canary serves the revision, check its processed logprobs against the trainer's."""
+        spec = self._probe_spec()
+        canaries = self.order[: self.plan.canary]
+        if spec is None or self._probe_gate_open() or not canaries:
+            return
+        if not all(self.decisions.get(p, Decision(Step.PAUSE)).step == Step.DONE for p in canaries):
+            return
+        deadline = float(self.spec.update_strategy.timeouts.verify_seconds)
+        self.probe_result, verdicts = await probe.run(spec, canaries, self.clients, deadline)
+        if self.probe_result.passed:
+            self.memory.probe_passed[self.key] = True
+            return
+        for verdict in verdicts:
+            if verdict.why is None:
+                continue
+            if verdict.engine_error:
+                self._fail(verdict.pod, "ParityProbeUnanswered", verdict.why)  # retried within maxRetries
+            else:
+                # A logprob mismatch is a property of the weights: no retry, the revision rolls back.
+                self.memory.attempts[(self.key, verdict.pod)] = self.plan.max_retries
+                self._fail(verdict.pod, "ParityProbeFailed", verdict.why)
+
+    def _complete(self) -> bool:
+        return (
+            not self.pods.starting
+            and len(self.order) >= self.spec.replicas
+            and all(self.decisions.get(p, Decision(Step.PAUSE)).step == Step.DONE for p in self.order)
+        )
+
+    def _attempts(self, pod: str) -> int:
+        return self.memory.attempts.get((self.key, pod), 0)
+
+    def _fail(self, pod: str, reason: str, message: str) -> None:
+        self.memory.attempts[(self.key, pod)] = self._attempts(pod) + 1
+        self.messages[pod] = f"{reason}: {message}"
+        self.reasons[pod] = reason
+        step = self.decisions.get(pod, Decision(Step.PAUSE)).step.value
+        self.ctx.metrics.update_failures.labels(*self.fleet_labels, step, reason).inc()
+
+    def _exhausted(self) -> list[str]:
+        return [p for p in self.order if self._attempts(p) > self.plan.max_retries]
+
+    async def _step(self, pod: str, decision: Decision) -> None:
+        limit = self.loads if decision.step in transaction.LOAD_STEPS else contextlib.nullcontext()
+        timeouts = self.spec.update_strategy.timeouts
+        self.changed.add(pod)  # whatever happens, its next decision is derived again once it is done
+        if decision.step == Step.PAUSE:
+            # Out of the Service first: new requests go to pods that keep serving while this one moves.
+            await self._route(pod, False, "Updating", f"moving to revision {self.goal.revision}")
+        try:
+            async with limit:
+                seconds, load = await executor.execute(self.clients[pod], decision.step, self.goal, timeouts)
+        except executor.StepError as exc:
+            self._fail(pod, exc.reason, str(exc))
+            self.stale.add(pod)  # after a failure, only the engine can say where it is
+            self.verified.discard(pod)
+            log.warning("pod %s: %s", pod, exc)
+            await asyncio.sleep(min(2.0, 0.1 * 2 ** self._attempts(pod)))  # back off before the retry
+            return
+        self.states[pod] = transaction.acknowledged(self.states[pod], decision.step, self.goal, load)
+        if decision.step == Step.RESUME:
+            await self._route(pod, True, "Serving", f"serves revision {self.goal.revision}, verified")
+        self.memory.durations.setdefault(self.key, {}).setdefault(decision.step.value, []).append(seconds)
+        self.ctx.metrics.step_duration.labels(*self.fleet_labels, decision.step.value, self.plan.mode.value).observe(
+            seconds
+        )
+
+    async def _route(self, pod: str, value: bool, reason: str, message: str) -> None:
+        """Open or close the pod to traffic (its gate and its engine's admission: ``reconcile.gates``)."""
+        body, state = self.pods.bodies.get(pod), self.states.get(pod)
+        if body is None or state is None:
+            return
+        move = gates.open_for if value else gates.close_for
+        try:
+            self.states[pod] = await move(self.ctx, body, self.clients[pod], state, reason, message)
+        except KubeError as exc:  # the end-of-pass sync writes it again
+            log.warning("pod %s: readiness gate not written: %s", pod, exc)
+
+    async def _sync_gates(self) -> None:
+        """Every pod's gate from what its engine was last seen doing (only differences are written)."""
+        goals = [g for g in (self.goal, self.kept) if g is not None]
+        if self.sel.rolling_back:
+            goals = [self.goal]  # the revision failed: only what the fleet served before may serve
+        for pod in self.order:
+            state = self.states.get(pod)
+            if state is None or pod in self.inflight:
+                continue
+            # A fleet still on its initial weights keeps them behind the Service until a pod moves.
+            value = gates.serves(state, goals) or (self.sel.served is None and gates.serves_initial(state, self.goal))
+            reason, message = (
+                ("Serving", f"serves revision {state.verifier.revision}, verified")
+                if value
+                else (
+                    "NotServingFleetWeights",
+                    self.messages.get(pod) or self.decisions.get(pod, Decision(Step.PAUSE)).reason or "not at the goal",
+                )
+            )
+            await self._route(pod, value, reason, message)
+
+    async def _write_status(self, force: bool = False) -> None:
+        """Progress writes run beside the steps (never on the rollout's critical path); forced ones wait."""
+        writer = self.writer
+        if not force:
+            if (writer is not None and not writer.done()) or time.monotonic() - self.last_write < STATUS_WRITE_INTERVAL:
+                return
+            self.writer = asyncio.create_task(self._write_in_background())
+            return
+        if writer is not None:
+            await asyncio.gather(writer, return_exceptions=True)
+        await self._write_now()
+
+    async def _write_in_background(self) -> None:
+        try:
+            await self._write_now()
+        except Exception as exc:  # the next write (or the forced one at the end) carries the same truth
+            log.warning("progress status write failed: %s", exc)
+
+    async def _write_now(self) -> None:
+        self.last_write = time.monotonic()
+        counts: dict[int | None, int] = {}
+        for state in self.states.values():
+            counts[state.verifier.revision] = counts.get(state.verifier.revision, 0) + 1
+        meta = self.fleet_body["metadata"]
+        for rev_number, n in counts.items():
+            self.ctx.metrics.pods_at_revision.labels(meta["namespace"], meta["name"], str(rev_number)).set(n)
+        if self.rev is None:
+            return
+        new = revision_status.progressing(
+            self.rev.status,
+            goal=self.goal,
+            order=self.order,
+            states=self.states,
+            decisions=self.decisions,
+            attempts={p: self._attempts(p) for p in self.order},
+            messages=self.messages,
+            durations=self.memory.durations.get(self.key, {}),
+            total=max(self.spec.replicas, len(self.order)),
+            rolling_back=self.sel.rolling_back,
+            generation=writes.generation(self.rev.body),
+        )
+        if self.probe_result is not None:
+            new = new.model_copy(update={"parity_probe": self.probe_result})
+        await writes.write_revision(self.ctx, self.rev, new)
+
+    def _served_now(self) -> revisions.Served:
+        """What every pod serves now that the goal is complete (digests as the engines reported them)."""
+        goal = self.decided_goal or self.goal
+        states = [self.states[p] for p in self.order]
+        verifier = goal.verifier_digest or next((s.verifier.digest for s in states if s.verifier.digest), None)
+        draft_digest = goal.draft_digest
+        if goal.draft_path is not None and draft_digest is None:
+            draft_digest = next((s.draft.digest for s in states if s.draft is not None and s.draft.digest), None)
+        return revisions.Served(
+            revision=goal.revision,
+            verifier_path=goal.verifier_path,
+            verifier_digest=verifier,
+            draft_path=goal.draft_path,
+            draft_digest=draft_digest,
+            name=self.rev.name if self.rev is not None else None,
+        )
+
+    async def _finish(self) -> PassOutcome:
+        rev = self.rev
+        if rev is None:
+            return PassOutcome()
+        elapsed = time.monotonic() - self.memory.started.pop(self.key, time.monotonic())
+        if self.sel.rolling_back:
+            # Past tense now that it is over (the message was written when the rollback began).
+            message = (rev.status.message or "rolled back").replace("rolling back to", "rolled back to", 1)
+            await writes.finalize(self.ctx, rev, Phase.ROLLED_BACK, "RolledBack", message, warn=True)
+            self.ctx.metrics.rollout_duration.labels(*self.fleet_labels, "RolledBack").observe(elapsed)
+            return PassOutcome(again=True, idle=False)
+        if not await writes.still_exists(self.ctx, rev):
+            # Deleted (a GitOps prune) while its pods moved: it is cancelled, never recorded as served; the
+            # next pass returns every pod to what the fleet serves.
+            return PassOutcome(again=True, idle=False)
+        # The fleet's record moves first: a crash before the revision's own write leaves a revision that is
+        # exactly what is served, which the next pass finishes without touching a pod.
+        served = writes.served_wire(self._served_now(), revision_status.timestamp())
+        await writes.patch_fleet(
+            self.ctx, self.fleet_body, {"currentRevision": rev.number, "targetRevision": None, "served": served}
+        )
+        await writes.finalize(
+            self.ctx,
+            rev,
+            Phase.SUCCEEDED,
+            "AllPodsUpdated",
+            f"{len(self.order)}/{len(self.order)} pods serve revision {rev.number}, digests verified",
+        )
+        self.ctx.metrics.rollout_duration.labels(*self.fleet_labels, "Succeeded").observe(elapsed)
+        return PassOutcome(again=True, idle=False)
+
+    async def _give_up(self, failed: list[str]) -> PassOutcome:
+        rev = self.rev
+        pod_failures = [
+            PodFailure(
+                name=pod,
+                step=self.decisions[pod].step.value if pod in self.decisions else "Unknown",
+                reason=self.reasons.get(pod, "Failed"),
+                message=self.messages.get(pod, ""),
+                attempts=self._attempts(pod),
+            )
+            for pod in self.order
+            if pod in self.messages
+        ]
+        summary = failures.summarize(pod_failures, total=len(self.order))
+        if rev is None:
+            log.warning("pods failing to reach the served revision: %s", summary)
+            return PassOutcome(again=False, idle=False)
+        if self.sel.rolling_back:
+            message = f"rollback failed, pods left paused: {summary}"
+            await writes.finalize(self.ctx, rev, Phase.FAILED, "RollbackFailed", message, warn=True)
+            return PassOutcome(again=False, idle=False)
+        self.ctx.metrics.rollbacks.labels(*self.fleet_labels).inc(len(self.order))
+        new = revision_status.rolling_back(
+            rev.status,
+            f"rolling back to revision {self.sel.current_number}: {summary}",
+            writes.generation(rev.body),
+            failures.bounded(pod_failures),
+        )
+        await writes.write_revision(self.ctx, rev, new)
+        await self.ctx.kube.event(writes.wrev_ref(rev.body), "Warning", revisions.ROLLING_BACK, new.message or summary)
+        for pod in self.order:  # the rollback gets its own retry budget
+            self.memory.attempts.pop((self.key, pod), None)
+        return PassOutcome(again=True, idle=False)

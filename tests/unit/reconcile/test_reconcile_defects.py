@@ -1,0 +1,193 @@
+"""Tests of the revision loop for the defects of issue 15: each failed on main at a2585bb (they were
+written first, as strict xfails) and passes since the fix.
+
+Same harness as ``test_reconcile_rollout``: ``FakeKube``, one simulated engine per pod, real reconcile
+passes. Each test states the behaviour a user is owed and names the defect it pins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import re
+
+import pytest
+from kube_fakes import FakeCall
+from reconcile_fakes import WRONG_DIGEST, condition, harness, pauses, stamped
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]  # a hang fails, never blocks the run
+
+
+async def test_rolling_counts_unreachable_engines_against_max_unavailable(tmp_path: pathlib.Path) -> None:
+    """Issue 15 defect 4.
+    Rolling maxUnavailable=1 promises that at most one engine is out of service. An engine that does not
+    answer is out of service already (it serves nobody), so with two of five unreachable the budget is spent
+    twice over: pausing any healthy engine would leave only two of five serving. The loop must wait.
+    """
+    async with harness(tmp_path, replicas=5, unreachable=2, rollout="Rolling", max_unavailable=1) as h:
+        h.apply_revision("step-1", 1)
+        await h.settle(max_passes=2, require_idle=False)
+
+        healthy = h.pods[2:]
+        assert {p: pauses(h.engine_log(p)) for p in healthy} == dict.fromkeys(healthy, 0)
+        assert all(not h.served(p).paused for p in healthy)
+
+
+async def test_new_pod_joins_the_served_revision_after_its_object_was_deleted(tmp_path: pathlib.Path) -> None:
+    """Issue 15 defect 5 and 16.
+    Deleting a finished WeightRevision (a GitOps prune, a cleanup job) must not change what the fleet
+    serves: the fleet still serves step-1, so it still reports currentRevision 1, and a pod that joins later
+    (a new engine on the initial weights) is brought to step-1 like its peers. Otherwise one fleet serves
+    two policies and RL rollouts mix them.
+    """
+    async with harness(tmp_path, replicas=3) as h:
+        h.apply_revision("step-1", 1)
+        await h.settle()
+        assert h.revision_status("step-1")["phase"] == "Succeeded"
+        h.delete_revision("step-1")
+
+        fleet = h.fleet_manifest()
+        fleet["spec"]["replicas"] = 4
+        h.kube.apply_user(fleet)
+        new = await h.add_pod()
+        assert h.served(new).verifier is None  # started on the initial weights (nothing claimed yet)
+        await h.reconcile_fleet()
+        await h.settle()
+
+        assert {p: h.served(p) for p in h.pods} == dict.fromkeys(h.pods, (1, 1, False))
+        assert h.fleet_status()["currentRevision"] == 1
+        assert [p.get("revision") for p in h.fleet_status()["pods"]] == [1, 1, 1, 1]
+
+
+async def test_rollback_returns_to_the_served_revision_after_its_object_was_deleted(tmp_path: pathlib.Path) -> None:
+    """Issue 15 defect 5. A failed revision rolls back to what the fleet served before it. That is step-1 whether or not
+    step-1's object still exists: rolling back to the initial weights would serve a policy many steps old.
+    """
+    async with harness(tmp_path, replicas=3) as h:
+        h.apply_revision("step-1", 1)
+        await h.settle()
+        h.delete_revision("step-1")
+
+        h.apply_revision("step-2", 2, digest=WRONG_DIGEST)
+        await h.settle()
+
+        assert h.revision_status("step-2")["phase"] == "RolledBack"
+        assert {p: h.served(p) for p in h.pods} == dict.fromkeys(h.pods, (1, 1, False))
+        assert h.fleet_status()["currentRevision"] == 1
+
+
+async def test_reapplied_served_revision_is_ready_at_once_without_touching_engines(tmp_path: pathlib.Path) -> None:
+    """Issue 15 defect 17.
+    GitOps re-applies what it pruned (or a trainer retries a publish): the identical manifest of the
+    revision the fleet already serves describes the current truth, so it is Ready/Succeeded at once and no
+    engine leaves service for it (docs/gitops/README.md: ``already_served``).
+    """
+    async with harness(tmp_path, replicas=3) as h:
+        h.apply_revision("step-1", 1)
+        await h.settle()
+        h.delete_revision("step-1")
+        before = {p: pauses(h.engine_log(p)) for p in h.pods}
+
+        h.apply_revision("step-1", 1)
+        await h.settle()
+
+        status = h.revision_status("step-1")
+        assert status["phase"] == "Succeeded", (status.get("reason"), status.get("message"))
+        ready = condition(status, "Ready")
+        assert ready is not None and ready["status"] == "True"
+        assert {p: pauses(h.engine_log(p)) for p in h.pods} == before
+        assert {p: h.served(p) for p in h.pods} == dict.fromkeys(h.pods, (1, 1, False))
+
+
+READS_PER_POD = 4
+GROUPS = 8
+
+
+async def test_all_at_once_reads_each_engine_a_few_times_per_rollout(tmp_path: pathlib.Path) -> None:
+    """Issue 15 defect 13. DESIGN §6: the operator's overhead per rollout must stay negligible at 1,000 pods. A step's
+    acknowledgement is an observation already (``transaction.acknowledged``), so each engine needs to be
+    read about once before its update, once before resuming and once to call it done (the idle pass), not
+    again every time another pod's step finishes. Loads finish in 8 waves (the next wave's loads are let
+    go once the previous wave waits at the barrier), so a pass goes through many rounds.
+    """
+    pods = 64
+    async with harness(tmp_path, replicas=pods) as h:
+        gates = {p: h.hold_loads(p) for p in h.pods}
+        waves = [h.pods[k::GROUPS] for k in range(GROUPS)]
+
+        async def release_in_waves() -> None:
+            for wave in waves:
+                for pod in wave:
+                    gates[pod].set()
+                await h.wait_for(wave, stamped)
+
+        h.observations.clear()
+        h.apply_revision("step-1", 1)
+        await asyncio.gather(h.settle(), release_in_waves())
+
+        assert h.revision_status("step-1")["phase"] == "Succeeded"
+        total = sum(h.observations.values())
+        worst = h.observations.most_common(1)[0]
+        assert total <= READS_PER_POD * pods, f"{total / pods:.1f} reads per pod, most: {worst}"
+        assert worst[1] <= READS_PER_POD + 2, f"{total / pods:.1f} reads per pod, most: {worst}"
+
+
+async def test_revision_loop_does_not_clobber_pod_fields_of_the_fleet_reconcile(tmp_path: pathlib.Path) -> None:
+    """Issue 15 defect 12.
+    ``status.pods[].ready/phase/ip`` belong to the fleet reconcile, the revision fields to the revision
+    loop (one writer per field, STYLE.md). When the fleet reconcile records a pod going unready while a
+    pass runs, the pass's own write of ``status.pods`` must not put back the stale ``ready: true`` it read at
+    its start (a merge patch replaces the whole list). The race is placed exactly: the fleet reconcile runs
+    right before the pass's first WeightRevision status write, i.e. after the pass read the fleet.
+    """
+    async with harness(tmp_path, replicas=3) as h:
+        fired: list[FakeCall] = []
+
+        async def fleet_reconcile_mid_pass(call: FakeCall) -> None:
+            if fired or call.verb != "patch_status" or call.kind != "WeightRevision":
+                return
+            fired.append(call)
+            h.kube.before_call = None
+            h.kube.set_pod(h.namespace, "policy-1", ready=False)
+            await h.reconcile_fleet()
+            pods = {p["name"]: p for p in h.fleet_status()["pods"]}
+            assert pods["policy-1"]["ready"] is False  # the fleet reconcile wrote the truth
+
+        h.kube.before_call = fleet_reconcile_mid_pass
+        h.apply_revision("step-1", 1)
+        await h.settle(max_passes=3, require_idle=False)  # the loop may wait on the unready pod
+
+        assert fired, "the race was not constructed: no WeightRevision status write during the pass"
+        truth = {n: h.kube.pod_ready(h.namespace, n) for n in h.pods}
+        assert truth["policy-1"] is False
+        pods = {p["name"]: p for p in h.fleet_status()["pods"]}
+        assert {n: p["ready"] for n, p in pods.items()} == truth
+        assert {n: p.get("revision") for n, p in pods.items()} == dict.fromkeys(pods, 1)
+        assert {n: p.get("ip") for n, p in pods.items()} == {n: h.pod_ips[n] for n in pods}
+        assert h.fleet_status()["readyReplicas"] == sum(truth.values())
+
+
+async def test_identical_failures_on_many_pods_are_reported_once(tmp_path: pathlib.Path) -> None:
+    """Issue 15 defect 21.
+    A bad checkpoint fails the same way on every pod. The revision's message and conditions must say it
+    once, with how many pods failed and one example, so ``kubectl describe``/``get -o wide`` stay readable
+    (per-pod detail lives in ``status.failures``). Once the rollback finished, ``Progressing`` must not
+    still say it is rolling back.
+    """
+    async with harness(tmp_path, replicas=8) as h:
+        h.apply_revision("step-1", 1, digest=WRONG_DIGEST)
+        await h.settle()
+
+        status = h.revision_status("step-1")
+        assert status["phase"] == "RolledBack"
+        message = str(status.get("message") or "")
+        assert message.count(WRONG_DIGEST) == 1, message
+        assert re.search(r"\b8\b", message), message
+        for cond in status.get("conditions") or []:
+            assert str(cond.get("message") or "").count(WRONG_DIGEST) <= 1, cond
+        progressing = condition(status, "Progressing")
+        assert progressing is not None and progressing["status"] == "False"
+        assert "rolling back" not in str(progressing.get("message") or "").lower(), progressing
+        assert progressing.get("reason") != "RollingBack", progressing
+        for event in h.kube.events_for("step-1"):
+            assert event["message"].count(WRONG_DIGEST) <= 1, event

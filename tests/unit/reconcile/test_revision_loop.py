@@ -1,0 +1,125 @@
+"""The revision loop's stops (issue 15 defect 14) and a revision deleted while it rolls (defect 17).
+
+Same harness as ``test_reconcile_rollout``. Loads are held with ``hold_loads`` so that a stop or a delete
+lands exactly while a load runs; every outcome is read from the engines' call logs and the fake API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pathlib
+
+import pytest
+from reconcile_fakes import harness, loads
+
+from rolloutfleet.reconcile import revision_loop
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+log = logging.getLogger(__name__)
+
+
+class Stop:
+    """A ``StopSignal`` the test raises: the operator exiting, or the fleet deleted."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.fleet_deleted = False
+
+    def stopping(self) -> bool:
+        return self.event.is_set()
+
+    def deleted(self) -> bool:
+        return self.fleet_deleted
+
+    async def wait(self) -> None:
+        await self.event.wait()
+
+
+def started_loads(entries: list[dict[str, object]]) -> int:
+    return sum(1 for e in entries if e.get("step") == "rolloutfleet_load" and "fault" in e)
+
+
+async def _stop_mid_load(tmp_path: pathlib.Path, *, deleted: bool) -> tuple[bool, list[str]]:
+    async with harness(tmp_path, replicas=2) as h:
+        pod = h.pods[0]
+        gate = h.hold_loads(pod)
+        h.mark_arrivals("rolloutfleet_load")
+        stop = Stop()
+        loop = asyncio.create_task(revision_loop.run(h.ctx, h.namespace, h.fleet, h.memory, stop, log))
+        h.apply_revision("step-1", 1)
+        h.memory.kick.set()
+        await h.wait_for([pod], lambda entries: started_loads(entries) >= 1)
+        stop.fleet_deleted = deleted
+        stop.event.set()
+        await asyncio.sleep(0.05)  # the loop gets every chance to return early; it must not (unless deleted)
+        returned_before_release = loop.done()
+        gate.set()
+        await asyncio.wait_for(loop, timeout=10)
+        calls = [str(e["step"]) for e in h.engine_log(pod) if "status" in e]
+        return returned_before_release, calls
+
+
+async def test_operator_stop_drains_the_running_load(tmp_path: pathlib.Path) -> None:
+    """Issue 15 defect 14: a SIGTERM mid-load neither cuts the load nor starts the next step."""
+    returned_early, calls = await _stop_mid_load(tmp_path, deleted=False)
+    assert not returned_early, "the loop returned while a load was still running"
+    assert calls[-1] == "rolloutfleet_load", calls  # the load completed and was the last call
+    assert "resume" not in calls and calls.count("rolloutfleet_load") == 1, calls
+
+
+async def test_fleet_deletion_does_not_wait_for_the_running_load(tmp_path: pathlib.Path) -> None:
+    """A deleted fleet's pods go with it: holding its deletion until a load ends would only delay it."""
+    returned_early, _calls = await _stop_mid_load(tmp_path, deleted=True)
+    assert returned_early
+
+
+async def test_deleting_a_revision_mid_rollout_returns_every_pod_to_the_served_revision(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Issue 15 defect 17 (and the soak's GitOps prune): a revision deleted before it completed is cancelled,
+    whatever step its pods were at: every pod ends on the revision the fleet served, verified, and no pod
+    stays Ready on the deleted revision's weights."""
+    async with harness(tmp_path, replicas=4, rollout="Rolling", max_unavailable=2) as h:
+        h.apply_revision("step-1", 1)
+        await h.settle()
+        gate = h.hold_loads(h.pods[3])
+        h.apply_revision("step-2", 2)
+
+        async def prune_once_two_pods_moved() -> None:
+            await h.wait_for(h.pods[:2], lambda entries: bool(loads(entries, revision=2)))
+            h.delete_revision("step-2")
+            gate.set()
+
+        await asyncio.gather(h.settle(require_idle=False, max_passes=3), prune_once_two_pods_moved())
+        await h.settle()
+        assert {p: h.served(p) for p in h.pods} == dict.fromkeys(h.pods, (1, 1, False))
+        status = h.fleet_status()
+        assert status["currentRevision"] == 1 and status.get("targetRevision") is None
+        for pod in h.pods:
+            body = h.kube.peek("v1", "Pod", h.namespace, pod)
+            assert body is not None
+            gates = {c["type"]: c["status"] for c in body["status"]["conditions"]}
+            assert gates.get("rolloutfleet.io/weights-ready") == "True", (pod, gates)
+
+
+async def test_a_restarted_engine_is_kept_out_of_the_service_until_caught_up(tmp_path: pathlib.Path) -> None:
+    """Issue 15 defect 6 (and the soak's crash finding): a container that restarts comes back on the
+    initial checkpoint while its pod's gate, set for its predecessor, still says True. Its process starts
+    un-admitted, so its readiness probe fails at once; the next pass moves it to the served revision (outside
+    any rollout budget) and only then admits it again."""
+    async with harness(tmp_path, replicas=3) as h:
+        h.apply_revision("step-1", 1)
+        await h.settle()
+        pod = h.pods[1]
+        engine = h.engine(pod)
+        assert engine.admitted
+        await engine.crash()
+        await engine.restart()
+        assert h.served(pod).verifier is None and not engine.admitted  # initial weights, probe failing
+        await h.settle()
+        assert h.served(pod) == (1, 1, False) and engine.admitted
+        body = h.kube.peek("v1", "Pod", h.namespace, pod)
+        assert body is not None
+        gate = {c["type"]: c["status"] for c in body["status"]["conditions"]}["rolloutfleet.io/weights-ready"]
+        assert gate == "True"
