@@ -178,20 +178,23 @@ def _kick(memo: kopf.Memo, namespace: str | None, spec: Any) -> None:
         ctx.memory(namespace, fleet).kick.set()
 
 
+# No timer or daemon on WeightRevisions: kopf puts a finalizer on every object a timer or daemon runs for,
+# and a revision with a finalizer could not be deleted (or pruned by Argo CD/Flux) while no operator runs.
 @kopf.on.create(GROUP, VERSION, REVISIONS)
 @kopf.on.update(GROUP, VERSION, REVISIONS)
 @kopf.on.resume(GROUP, VERSION, REVISIONS)
-@kopf.on.delete(GROUP, VERSION, REVISIONS, optional=True)
-async def revision_changed(memo: kopf.Memo, namespace: str | None, spec: kopf.Spec, **_: Any) -> None:
-    """A revision appeared or changed: wake its fleet's loop (which validates and rolls it)."""
+async def revision_changed(memo: kopf.Memo, namespace: str | None, spec: kopf.Spec, body: kopf.Body, **_: Any) -> None:
+    """A revision appeared or changed: wake its fleet's loop (which validates and rolls it), or report
+    Pending/FleetNotFound when the fleet does not exist (yet)."""
     _kick(memo, namespace, _plain(spec))
-
-
-@kopf.timer(GROUP, VERSION, REVISIONS, interval=RESYNC_SECONDS, idle=RESYNC_SECONDS)
-async def revision_orphan_check(memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
-    """Report a revision whose fleet does not exist (yet): Pending, Ready=False/FleetNotFound."""
     ctx: OperatorContext = memo.ctx
     try:
         await revision_reconcile.report_orphan(ctx, _plain(body))
     except KubeError as exc:
         raise _temporary(exc) from exc
+
+
+@kopf.on.delete(GROUP, VERSION, REVISIONS, optional=True)
+async def revision_deleted(memo: kopf.Memo, namespace: str | None, spec: kopf.Spec, **_: Any) -> None:
+    """A revision went away (a prune, a cleanup): its fleet's loop cancels it if it had not completed."""
+    _kick(memo, namespace, _plain(spec))

@@ -21,7 +21,7 @@ MAX_EXAMPLE_CHARS = 300
 
 def _shape(failure: PodFailure) -> tuple[str, str, str]:
     # Messages differ per pod only by the pod's own name or address; group on what is left.
-    message = failure.message.replace(failure.name, "<pod>")
+    message = re.sub(rf"(?<![\w.-]){re.escape(failure.name)}(?![\w.-])", "<pod>", failure.message)
     message = re.sub(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b", "<addr>", message)
     return failure.step, failure.reason, message
 
