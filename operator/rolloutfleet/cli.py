@@ -43,7 +43,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, (module, help_text) in COMMANDS.items():
         sp = sub.add_parser(name, help=help_text)
         if name == chosen:
-            register, run = _load(module)
+            try:
+                register, run = _load(module)
+            except ModuleNotFoundError as exc:
+                # The operator image ships without the test rig (sim, sandbox): say so instead of a traceback.
+                if exc.name is None or not module.startswith(exc.name):
+                    raise
+                print(
+                    f"rolloutfleet {name}: not in this installation (the operator image leaves it out)", file=sys.stderr
+                )
+                return 2
             register(sp)
             sp.set_defaults(_run=run)
     args = parser.parse_args(argv)

@@ -74,8 +74,20 @@ def _failure(obj: dict[str, Any]) -> RevisionFailed:
     status = obj.get("status") or {}
     meta = obj.get("metadata") or {}
     raw_pods = [p for p in status.get("pods") or [] if isinstance(p, dict)]
+    # status.failures keeps each failing pod's step and message past the rollback (a bounded sample when
+    # many pods failed alike; status.message then summarises them all).
+    failed = {str(f.get("name")): f for f in status.get("failures") or [] if isinstance(f, dict)}
     recovered = _pod_messages(status.get("message"), [str(p.get("name")) for p in raw_pods])
     pods = [
+        PodFailure(
+            name=name,
+            step=str(f.get("step") or "Pending"),
+            attempts=int(f.get("attempts") or 0),
+            message=f.get("message") or None,
+        )
+        for name, f in failed.items()
+    ]
+    pods += [
         PodFailure(
             name=str(p.get("name")),
             step=str(p.get("step") or "Pending"),
@@ -83,6 +95,7 @@ def _failure(obj: dict[str, Any]) -> RevisionFailed:
             message=p.get("message") or recovered.get(str(p.get("name"))),
         )
         for p in raw_pods
+        if str(p.get("name")) not in failed
     ]
     pods.sort(key=lambda p: (p.message is None, p.name))
     return RevisionFailed(

@@ -20,9 +20,10 @@ NS, OTHER = "rf-system", "rl-team"
 EXPECTED_RULES = {
     ("rolloutfleet.io", "rolloutfleets"): {"get", "list", "watch", "patch"},
     ("rolloutfleet.io", "rolloutfleets/status"): {"patch"},
-    ("rolloutfleet.io", "weightrevisions"): {"list", "watch", "patch"},
+    ("rolloutfleet.io", "weightrevisions"): {"get", "list", "watch", "patch"},
     ("rolloutfleet.io", "weightrevisions/status"): {"patch"},
     ("", "pods"): {"list"},
+    ("", "pods/status"): {"patch"},  # the weights readiness gate
     ("", "services"): {"create", "patch"},
     ("apps", "statefulsets"): {"get", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"create", "patch"},

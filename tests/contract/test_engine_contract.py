@@ -356,3 +356,65 @@ async def test_admit_refuses_a_body_without_a_valid_revision(target: Target, bod
     assert status == 400 and json.loads(text)["error"]["type"] == "BadRequestError"
     status, _, _ = await call(target, "GET", READY_PATH)
     assert status == 503
+
+
+# --- pre-flight: rolloutfleet_preflight reads headers and sizes only and changes nothing ----------------
+# (worker_image/README.md "RPCs"). The same codes as a load; no order or policy rule applies.
+
+
+def header_totals(path: str) -> tuple[int, int]:
+    """(tensors, bytes) of a checkpoint directory from its headers: what a pre-flight must report."""
+    from rolloutfleet_worker.digest import scan_directory
+
+    infos = scan_directory(path)
+    return len(infos), sum(i.nbytes for i in infos)
+
+
+async def test_preflight_reports_the_checkpoints_tensors_and_bytes(target: Target, engine: EngineClient) -> None:
+    w = target.weights
+    for tgt, path in (("verifier", w.verifier_b), ("draft", w.draft_b)):
+        result = await engine.preflight(tgt, path)
+        assert result.target == tgt and result.path == path, (tgt, path)
+        assert (result.tensors, result.bytes) == header_totals(path), (tgt, path)
+    loaded = await engine.load("verifier", w.verifier_b, 2)
+    assert loaded.tensors == (await engine.preflight("verifier", w.verifier_b)).tensors  # nothing skipped
+
+
+async def test_preflight_changes_nothing_and_applies_no_order_rule(target: Target, engine: EngineClient) -> None:
+    w = target.weights
+    await load_pair(engine, w.verifier_a, w.draft_a, 1)
+    before = await engine.observe()
+    # A draft of another revision than the verifier holds: a load would fail with ``order``, a check passes.
+    await engine.preflight("draft", w.draft_b)
+    await engine.preflight("verifier", w.verifier_b)
+    with pytest.raises(EngineRPCError):
+        await engine.preflight("verifier", "/nonexistent/rolloutfleet/checkpoint")
+    assert await engine.observe() == before
+    # Also while asleep: it reads files, never the model's (unmapped) memory.
+    await engine.pause(mode="keep", clear_cache=False)
+    await engine.sleep(2)
+    asleep = await engine.observe()
+    assert (await engine.preflight("verifier", w.verifier_b)).tensors > 0
+    assert await engine.observe() == asleep
+    await engine.wake_up(["weights"])
+    await load_pair(engine, w.verifier_a, w.draft_a, 1)
+
+
+async def test_bad_preflights_fail_with_the_extension_codes(target: Target, engine: EngineClient) -> None:
+    w = target.weights
+    cases = [
+        ("verifier", "relative/path", "invalid_path"),
+        ("verifier", w.verifier_a + "/../verifier-a", "invalid_path"),
+        ("verifier", "/nonexistent/rolloutfleet/checkpoint", "invalid_path"),
+        ("embedding", w.verifier_a, "invalid_target"),
+        # The draft's checkpoint holds fewer elements than the verifier's parameters (a draft is smaller).
+        ("verifier", w.draft_a, "incomplete"),
+    ]
+    if w.empty is not None:
+        cases.append(("verifier", w.empty, "io"))
+    before = await engine.observe()
+    for tgt, path, code in cases:
+        with pytest.raises(EngineRPCError) as err:
+            await engine.preflight(tgt, path)
+        assert err.value.code == code, (tgt, path, err.value)
+    assert await engine.observe() == before  # a refused pre-flight changes nothing either

@@ -301,6 +301,43 @@ class EngineClient:
         results = await self._load_rpc(step, {"path": path}, step, deadline)
         return wire.load_result_from_wire(results, url=self.base_url, step=step)
 
+    async def preflight(
+        self, target: api.Target | str, path: str, *, deadline: float | None = None
+    ) -> api.PreflightResult:
+        """Whether a load of ``target`` from ``path`` can succeed, judged from safetensors headers and sizes.
+
+        The extension reads no tensor bytes and touches no parameter, so this changes nothing: it is
+        idempotent (retried like a state read), not guarded by ``LoadOutcomeUnknown``, and safe while the
+        engine serves or sleeps (it queues behind a running load, as every RPC does). Every rank must answer
+        ok with the same target, path, tensor count and bytes (``EngineInconsistent`` otherwise); an
+        ``ok: false`` raises ``EngineRPCError`` with the load's codes (``invalid_target``, ``invalid_path``,
+        ``io``, ``no_draft``, ``incomplete``, ``load_failed``/``internal``). Passing does not guarantee the
+        load: which parameter a checkpoint name fills is decided by vLLM's ``load_weights`` only.
+        """
+        step = f"rolloutfleet_preflight:{target}"
+        results = await self.collective_rpc(
+            "rolloutfleet_preflight",
+            kwargs={"target": str(target), "path": path},
+            idempotent=True,
+            http_timeout=deadline,
+        )
+        checked = wire.agreeing(
+            results,
+            url=self.base_url,
+            step=step,
+            key=lambda r: (r.get("target"), r.get("path"), r.get("tensors"), r.get("bytes")),
+        )
+        first = checked[0]
+        try:
+            tensors, size = first["tensors"], first["bytes"]
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (tensors, size)):
+                raise TypeError("tensors and bytes must be non-negative integers")
+            return api.PreflightResult(
+                target=api.Target(first["target"]), path=str(first["path"]), tensors=tensors, bytes=size
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            raise EngineProtocolError(f"malformed preflight result: {first!r}", url=self.base_url, step=step) from exc
+
     async def extension_state(self, *, deadline: float | None = None) -> list[wire.StateResult]:
         """Every rank's ``rolloutfleet_state()``, checked ok and agreeing. Idempotent: retried.
 

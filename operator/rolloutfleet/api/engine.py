@@ -127,3 +127,17 @@ class LoadResult:
 def derive_sleep_level(*, is_sleeping: bool) -> int | None:
     """0 when vLLM says it is not sleeping; None (paused, or asleep at an unknown level) otherwise."""
     return 0 if not is_sleeping else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PreflightResult:
+    """What the extension's ``rolloutfleet_preflight`` reported on every rank, agreeing: a load of ``target``
+    from ``path`` passed every check that headers and sizes allow (nothing was loaded or changed).
+
+    ``tensors``: tensors in the checkpoint (shared ones included); ``bytes``: what a load would read and hash.
+    """
+
+    target: Target
+    path: str
+    tensors: int
+    bytes: int

@@ -31,6 +31,8 @@ class FleetMemory:
     engine_view: dict[str, EngineState] = dataclasses.field(default_factory=dict)
     steps: dict[str, str] = dataclasses.field(default_factory=dict)
     probe_passed: dict[str, bool] = dataclasses.field(default_factory=dict)
+    preflight_passed: dict[str, bool] = dataclasses.field(default_factory=dict)
+    revision_labels: set[str] = dataclasses.field(default_factory=set)  # pods_at_revision label values set
     pool: EnginePool | None = None
     kick: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
@@ -44,6 +46,7 @@ class FleetMemory:
         self.durations = {k: v for k, v in self.durations.items() if k == key}
         self.started = {k: v for k, v in self.started.items() if k == key}
         self.probe_passed = {k: v for k, v in self.probe_passed.items() if k == key}
+        self.preflight_passed = {k: v for k, v in self.preflight_passed.items() if k == key}
         self.unreachable_since = {k: v for k, v in self.unreachable_since.items() if k in pods}
         self.engine_view = {k: v for k, v in self.engine_view.items() if k in pods}
         self.steps = {k: v for k, v in self.steps.items() if k in pods}

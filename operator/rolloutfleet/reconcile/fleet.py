@@ -58,7 +58,14 @@ async def reconcile_fleet(ctx: OperatorContext, body: Manifest) -> FleetOutcome:
     desired = children.build_children(owner, spec, ctx.operator_namespace)
     for manifest in desired:
         await ctx.kube.apply(manifest)
-    written = await _observe_and_write(ctx, body, spec)
+    try:
+        written = await _observe_and_write(ctx, body, spec)
+    except KubeError as exc:
+        if exc.status != 409:
+            raise
+        # The copy kopf handed us is older than the stored fleet (the revision loop wrote meanwhile):
+        # build the status again from a fresh read rather than retrying the whole handler later.
+        written = await refresh_status(ctx, namespace, name)
     ctx.metrics.reconciles.labels("RolloutFleet", "ok").inc()
     return FleetOutcome(valid=True, applied=len(desired), status_written=written)
 

@@ -30,7 +30,7 @@ from rolloutfleet.api.fleet import RolloutFleetSpec
 from rolloutfleet.api.revision import ParityProbe, ParityProbeResult, Phase, PodFailure
 from rolloutfleet.planning import failures, revision_status, revisions, rollout, transaction, verification
 from rolloutfleet.planning.transaction import Decision, Goal, Step
-from rolloutfleet.reconcile import executor, gates, probe
+from rolloutfleet.reconcile import executor, gates, preflight, probe
 from rolloutfleet.reconcile import status_writes as writes
 from rolloutfleet.reconcile.context import FleetMemory, OperatorContext
 
@@ -122,6 +122,8 @@ class RolloutPass:
                 f"({self.plan.mode.value}, {self.plan.rollout.value})",
             )
         try:
+            if await self._preflight_refused():
+                return PassOutcome(again=True, idle=False)
             return await self._iterations()
         finally:
             for task in self.inflight.values():  # only after an error: every normal exit drains first
@@ -144,6 +146,27 @@ class RolloutPass:
                 t["steps"],
                 t["status"],
             )
+
+    async def _preflight_refused(self) -> bool:
+        """Before a revision's first step: the engines check its checkpoints (``reconcile.preflight``).
+
+        A refusal fails the revision with no pod touched. Run once per revision, while it is still
+        Pending (after an operator restart mid-rollout the pods are moving already: the loads verify).
+        """
+        rev = self.rev
+        if rev is None or self.sel.rolling_back or rev.status.phase != Phase.PENDING:
+            return False
+        if self.memory.preflight_passed.get(self.key):
+            return False
+        deadline = float(self.spec.update_strategy.timeouts.verify_seconds)
+        refusals = await preflight.check(self.goal, self.order, self.clients, deadline)
+        if not refusals:
+            self.memory.preflight_passed[self.key] = True
+            return False
+        message = f"pre-flight, no pod touched: {preflight.summary(refusals, len(self.order))}"
+        self.ctx.metrics.update_failures.labels(*self.fleet_labels, "Preflight", "PreflightFailed").inc(len(refusals))
+        await writes.finalize(self.ctx, rev, Phase.FAILED, "PreflightFailed", message, warn=True)
+        return True
 
     async def _iterations(self) -> PassOutcome:
         """Each pod moves on as soon as its own step finished (no lock-step rounds across the fleet): a
@@ -400,8 +423,15 @@ class RolloutPass:
         for state in self.states.values():
             counts[state.verifier.revision] = counts.get(state.verifier.revision, 0) + 1
         meta = self.fleet_body["metadata"]
+        gauge = self.ctx.metrics.pods_at_revision
         for rev_number, n in counts.items():
-            self.ctx.metrics.pods_at_revision.labels(meta["namespace"], meta["name"], str(rev_number)).set(n)
+            gauge.labels(meta["namespace"], meta["name"], str(rev_number)).set(n)
+        # A revision no pod holds any more leaves the gauge: one label set per revision ever rolled would
+        # grow the operator's memory (and every scrape) for as long as it runs.
+        for gone in self.memory.revision_labels - {str(r) for r in counts}:
+            with contextlib.suppress(KeyError):
+                gauge.remove(meta["namespace"], meta["name"], gone)
+        self.memory.revision_labels = {str(r) for r in counts}
         if self.rev is None:
             return
         new = revision_status.progressing(

@@ -26,7 +26,8 @@ It mirrors what DESIGN.md §4 and shared/gpu/README.md record about real vLLM wi
   running load. vLLM's RPC ``timeout`` is honoured only with several workers (``tp_size > 1``: the
   multiprocessing executor stops waiting and the route answers 500 while the workers go on); a single
   worker ignores it, as vLLM's uni-process executor does. ``load_gate`` (tests only) holds a load open
-  until it is set. Each RPC but the state read logs ``rpc_started``/``rpc_finished``.
+  until it is set. Each RPC but the state read and the pre-flight (reads that change nothing) logs
+  ``rpc_started``/``rpc_finished``.
 - Loads: validation codes as the extension; the draft only after the verifier holds the same revision;
   a frozen draft is never loaded, only restored; a load into sleeping weights fails with ``load_failed``
   (our choice: real vLLM would write into unmapped memory and die — the extension must refuse first).
@@ -43,8 +44,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import itertools
+import math
 import time
+import unicodedata
 from collections.abc import Callable
 from typing import Any
 
@@ -126,6 +130,7 @@ class EngineCore:
         self.admitted_since: float | None = None
         self._active: dict[int, _Request] = {}
         self._rid = itertools.count()
+        self._parameters: dict[str, int | None] = {}  # pre-flight: the models' parameter elements, per target
 
     # --- read-only views ---------------------------------------------------------------------------
 
@@ -329,8 +334,10 @@ class EngineCore:
             other = weights.synthetic_digest("split-rank")
             if "verifier" in results[1]:
                 results[1] = {**results[1], "verifier": {**results[1]["verifier"], "digest": other}}
-            else:
+            elif "digest" in results[1]:
                 results[1] = {**results[1], "digest": other}
+            else:  # a pre-flight: the ranks disagree about what the checkpoint holds
+                results[1] = {**results[1], "bytes": int(results[1].get("bytes", 0)) + 1}
         return results
 
     def stop(self) -> None:
@@ -347,6 +354,8 @@ class EngineCore:
         async with self._rpc_lock:  # vLLM's engine core runs one utility call at a time
             if method == "rolloutfleet_state":
                 return self.state_results()
+            if method == "rolloutfleet_preflight":  # reads headers only: no state change, not logged
+                return await self._preflight(kwargs)
             self.log.add("rpc_started", method=method)
             try:
                 if method == "rolloutfleet_load":
@@ -418,6 +427,85 @@ class EngineCore:
             "tensors": ckpt.tensors,
             "skipped": list(self.spec.shared_tensors) if target == "draft" else [],
         }
+
+    async def _preflight(self, kw: dict[str, Any]) -> list[dict[str, Any]]:
+        """``rolloutfleet_preflight``: what the extension's pre-flight answers, on every rank alike.
+
+        Checks in the order of ``rolloutfleet_worker.extension._preflight``, with its codes: the target
+        (``invalid_target``); the path as a load checks it (``invalid_path``: not a non-empty string,
+        control characters, relative, ``..``, no such directory); the target model (``no_draft`` on an
+        engine without a draft); every ``*.safetensors`` header parses, tensors lie inside their files
+        with the bytes their dtype and shape say, no name twice, every dtype loadable (``io``); then the
+        element count (``incomplete``). Reads headers only (the project's header scanner,
+        ``rolloutfleet_worker.digest.scan_directory``), never tensor bytes, and changes nothing: no slot,
+        no claim, no call-log entry (like the state read, it is logged only when a fault fires).
+
+        What the simulator cannot model: allowed weight roots (it has none, so nothing is ``invalid_path``
+        for lying outside them, nor for a shard linking out); torch's dtype support (every safetensors
+        dtype the worker maps to torch is taken as loadable); and the model's parameters, which it takes
+        to be the elements of the checkpoint the engine started from (``EngineSpec.verifier_path`` /
+        ``draft_path``, shared tensors left out), compared unsharded whatever ``tp_size`` (a real rank
+        compares against its own shards), and not compared at all when that checkpoint is synthetic or
+        unreadable. Synthetic paths are not read: they report the configured size and tensor count.
+        """
+        try:
+            result = await self._preflight_checked(kw)
+        except weights.LoadError as exc:
+            return [{"ok": False, "error": {"code": exc.code, "message": exc.message}}] * self.spec.tp_size
+        return [dict(result) for _ in range(self.spec.tp_size)]
+
+    async def _preflight_checked(self, kw: dict[str, Any]) -> dict[str, Any]:
+        target, path = kw.get("target"), kw.get("path")
+        if target not in ("verifier", "draft"):
+            raise weights.LoadError("invalid_target", f"target must be 'verifier' or 'draft', got {target!r}")
+        if not isinstance(path, str) or not path:
+            raise weights.LoadError("invalid_path", "path must be a non-empty string")
+        if any(unicodedata.category(c) == "Cc" for c in path):
+            raise weights.LoadError("invalid_path", f"path must not contain control characters: {path!r}")
+        weights.check_path(path, self.cfg)
+        if target == "draft" and self.draft is None:
+            raise weights.LoadError("no_draft", "this engine (or this pipeline rank) has no draft model")
+        if self._synthetic(path):
+            size = self.cfg.verifier_bytes if target == "verifier" else self.cfg.draft_bytes
+            return {"ok": True, "target": target, "path": path, "tensors": self.cfg.tensors, "bytes": size}
+        shared = self.spec.shared_tensors if target == "draft" else ()
+        infos = await asyncio.to_thread(_scan_headers, path)
+        fed = [i for i in infos if not (shared and _matches_shared(i.name, shared))]
+        need = await asyncio.to_thread(self._parameter_elements, str(target))
+        have = sum(math.prod(i.shape) for i in fed)
+        if need is not None and have < need:
+            raise weights.LoadError(
+                "incomplete",
+                f"the checkpoint's {len(fed)} tensors hold {have} elements; the {target}'s parameters on this "
+                f"rank need {need}: it cannot fill the model",
+            )
+        return {
+            "ok": True,
+            "target": target,
+            "path": path,
+            "tensors": len(infos),
+            "bytes": sum(i.nbytes for i in infos),
+        }
+
+    def _synthetic(self, path: str) -> bool:
+        root = self.cfg.synthetic_root
+        return bool(root) and (path == root or path.startswith(str(root).rstrip("/") + "/"))
+
+    def _parameter_elements(self, target: str) -> int | None:
+        """The simulated model's parameter elements: those of the checkpoint it started from (None: unknown)."""
+        if target not in self._parameters:
+            initial = self.spec.verifier_path if target == "verifier" else self.spec.draft_path
+            shared = self.spec.shared_tensors if target == "draft" else ()
+            count: int | None = None
+            if initial is not None and not self._synthetic(initial):
+                try:
+                    infos = _scan_headers(initial)
+                except weights.LoadError:
+                    infos = None
+                if infos is not None:
+                    count = sum(math.prod(i.shape) for i in infos if not (shared and _matches_shared(i.name, shared)))
+            self._parameters[target] = count
+        return self._parameters[target]
 
     # --- completions -------------------------------------------------------------------------------
 
@@ -539,3 +627,58 @@ class EngineCore:
                 f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {c['accepted']}",
             ]
         return "\n".join(lines) + "\n"
+
+
+# What ``rolloutfleet_worker.loader_base.torch_dtype`` maps to a torch dtype: anything else fails with ``io``.
+LOADABLE_DTYPES = frozenset(
+    {"BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64", "F16", "BF16", "F32", "F64", "C64"}
+    | {"F8_E4M3", "F8_E5M2", "F8_E8M0"}
+)
+
+
+def _header_scanner() -> Callable[[str], list[Any]]:
+    """The project's safetensors header scanner (``scan_directory``), looked up by name like the digest
+    (``weights.digest_function``): ``rolloutfleet.digest`` first, the one module that may reach the worker."""
+    for module_name in ("rolloutfleet.digest", "rolloutfleet_worker.digest"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        fn = getattr(module, "scan_directory", None)
+        if callable(fn):
+            return fn  # type: ignore[no-any-return]
+    raise weights.LoadError("io", "no header scanner: rolloutfleet_worker.digest.scan_directory is missing")
+
+
+def _scan_headers(path: str) -> list[Any]:
+    """Every tensor's header entry in ``path`` (``TensorInfo``), dtypes checked; ``io`` for what the worker
+    would refuse (a missing or unreadable file, a corrupt or truncated header, a name twice, a dtype)."""
+    scan = _header_scanner()
+    try:
+        infos = scan(path)
+    except Exception as exc:  # CheckpointError: the extension answers "io" with its message
+        raise weights.LoadError("io", str(exc)) from exc
+    for info in infos:
+        if info.dtype not in LOADABLE_DTYPES:
+            raise weights.LoadError("io", f"{info.file}: dtype {info.dtype!r} not supported by this torch")
+    return infos
+
+
+def _matches_shared(tensor_name: str, shared: tuple[str, ...]) -> bool:
+    """``rolloutfleet_worker.models.matches_shared``: whether a checkpoint tensor lands in a shared parameter
+    (names compared with ``model.`` prefixes stripped; a dotted suffix of two components or more matches)."""
+
+    def strip(name: str) -> str:
+        while name.startswith("model."):
+            name = name[len("model.") :]
+        return name
+
+    a = strip(tensor_name)
+    for s in shared:
+        b = strip(s)
+        if a == b:
+            return True
+        shorter, longer = (a, b) if len(a) < len(b) else (b, a)
+        if shorter.count(".") >= 1 and longer.endswith("." + shorter):
+            return True
+    return False

@@ -419,8 +419,8 @@ class SimulatedEngine:
         kwargs = body.get("kwargs") or {}
         timeout = body.get("timeout")
         keys = ["collective_rpc", str(method)]
-        if method == "rolloutfleet_load" and isinstance(kwargs, dict):
-            keys.append(f"rolloutfleet_load:{kwargs.get('target')}")
+        if method in ("rolloutfleet_load", "rolloutfleet_preflight") and isinstance(kwargs, dict):
+            keys.append(f"{method}:{kwargs.get('target')}")
         args = {"method": method, "args": body.get("args") or [], "kwargs": kwargs, "timeout": timeout}
 
         async def act(flags: set[FaultKind]) -> tuple[web.Response, Any]:
@@ -436,8 +436,8 @@ class SimulatedEngine:
                 return _internal(), {"error": "internal"}
             return self._body({"results": results})
 
-        # State reads are frequent and change nothing: keep them out of the log unless a fault fired.
-        log = method != "rolloutfleet_state"
+        # State reads and pre-flights change nothing: keep them out of the log unless a fault fired.
+        log = method not in ("rolloutfleet_state", "rolloutfleet_preflight")
         return await self._step(keys, args, act, log=log)
 
     async def _completions(self, request: web.Request) -> web.Response:

@@ -2,7 +2,8 @@
 
 create → pods Running on fake GPU nodes → Available; scale 3→5→2 (spec and scale subresource); an image
 change rolls pods; a bad spec is Degraded/ValidationFailed with one Warning event and untouched children;
-deleting the fleet deletes its children.
+deleting the fleet deletes its children. Simulated engines serve the pods: a pod counts as ready only once
+the operator checked what its engine serves (the weights readiness gate), so pods alone are never Available.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from operator_helpers import (
     get_fleet,
     weights_volume,
 )
+from sim_harness import FollowerThread
 
 pytestmark = pytest.mark.integration
 
@@ -40,10 +42,18 @@ def available(api: client.CustomObjectsApi, ns: str, name: str, replicas: int) -
 
 
 def test_fleet_lifecycle(operator_process: Any, k8s_api: client.ApiClient, namespace: str) -> None:
+    weights_volume(k8s_api, namespace)
+    follower = FollowerThread(k8s_api, namespace, "pol")
+    try:
+        _lifecycle(k8s_api, namespace)
+    finally:
+        follower.stop()
+
+
+def _lifecycle(k8s_api: client.ApiClient, namespace: str) -> None:
     api = client.CustomObjectsApi(k8s_api)
     apps = client.AppsV1Api(k8s_api)
     core = client.CoreV1Api(k8s_api)
-    weights_volume(k8s_api, namespace)
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, "rolloutfleets", fleet_manifest("pol", 3))
 
     fleet = eventually(lambda: available(api, namespace, "pol", 3), timeout=90, what="Available with 3 pods")

@@ -123,3 +123,44 @@ async def test_a_restarted_engine_is_kept_out_of_the_service_until_caught_up(tmp
         assert body is not None
         gate = {c["type"]: c["status"] for c in body["status"]["conditions"]}["rolloutfleet.io/weights-ready"]
         assert gate == "True"
+
+
+async def test_a_slow_starting_pod_is_waited_for_not_failed(tmp_path: pathlib.Path) -> None:
+    """Issue 15 defect 10: a pod Running but whose engine is not up yet (a large model loads for minutes)
+    was admitted, failed every step and rolled the revision back long before its startup timeout. Now it is
+    neither moved nor failed: the revision waits for it, and moves it once its engine is up."""
+    async with harness(tmp_path, replicas=3) as h:
+        starting = h.pods[2]
+        h.kube.set_pod(h.namespace, starting, ready=False)  # startup probe not passed yet
+        before = len(h.engine_log(starting))
+        h.apply_revision("step-1", 1)
+        outcomes = await h.settle(max_passes=10, require_idle=False)
+        assert not any(o.idle for o in outcomes)  # it waits: not done, not failed
+        status = h.revision_status("step-1")
+        assert status["phase"] == "Progressing" and not status.get("failures"), status
+        assert all(e.get("attempts", 0) == 0 for e in status.get("pods", []))
+        assert [e for e in h.engine_log(starting)[before:] if "status" in e] == []  # never called
+        h.kube.set_pod(h.namespace, starting, ready=True)  # its engine is up
+        await h.settle()
+        assert h.revision_status("step-1")["phase"] == "Succeeded"
+        assert {p: h.served(p) for p in h.pods} == dict.fromkeys(h.pods, (1, 1, False))
+
+
+async def test_a_missing_checkpoint_fails_before_any_pod_leaves_service(tmp_path: pathlib.Path) -> None:
+    """Issue 15 ("pre-flight"): a revision whose checkpoint is missing took the whole AllAtOnce demo fleet
+    out of service (sleep, failed load, reload of the previous revision). The engines check the checkpoint's
+    headers first: the revision is Failed/PreflightFailed and no engine was paused."""
+    async with harness(tmp_path, replicas=3) as h:
+        h.apply_revision("step-1", 1)
+        await h.settle()
+        before = {p: len(h.engine_log(p)) for p in h.pods}
+        manifest = h.revision_manifest("step-2", 2, digest=False)
+        manifest["spec"]["verifier"]["path"] = str(h.root / "policy" / "step-2-missing" / "verifier")
+        h.kube.apply_user(manifest)
+        await h.settle()
+        status = h.revision_status("step-2")
+        assert (status["phase"], status["reason"]) == ("Failed", "PreflightFailed"), status
+        assert "3/3 engines" in status["message"] and "no pod touched" in status["message"]
+        for pod in h.pods:
+            assert [e["step"] for e in h.engine_log(pod)[before[pod] :] if "status" in e] == [], pod
+        assert {p: h.served(p) for p in h.pods} == dict.fromkeys(h.pods, (1, 1, False))
