@@ -235,6 +235,24 @@ class Kube:
 
         return await self._run(call, "patch")
 
+    async def patch_labels(
+        self, api_version: str, kind: str, namespace: str, name: str, labels: dict[str, str]
+    ) -> Manifest:
+        """Merge-patch labels onto an object's metadata (the other fields are left alone)."""
+
+        def call() -> Manifest:
+            out = self._resource(api_version, kind).patch(
+                body={"metadata": {"labels": labels}},
+                name=name,
+                namespace=namespace,
+                content_type="application/merge-patch+json",
+                serializer=_plain_json,
+                _request_timeout=self.request_timeout,
+            )
+            return _to_dict(out)
+
+        return await self._run(call, "patch")
+
     async def patch_pod_condition(self, namespace: str, name: str, condition: Manifest) -> Manifest:
         """Set one condition on a pod's status (strategic merge: conditions merge by ``type``)."""
 

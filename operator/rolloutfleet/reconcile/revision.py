@@ -122,14 +122,24 @@ async def reconcile_revisions(
     spec = fleet_reconcile.spec_or_none(fleet_body)
     if spec is None:
         return PassOutcome()
-    bodies = await ctx.kube.list(common.API_VERSION, "WeightRevision", namespace)
+    status = fleet_body.get("status") or {}
+    # Finished revisions are labelled settled and never needed again, so only the others are listed (a
+    # namespace may hold one revision per training step, thousands). A status from before ``served``
+    # existed needs the finished ones once, to find what it serves.
+    needs_history = "served" not in status and status.get("currentRevision") is not None
+    selector = "" if needs_history else labels.UNSETTLED_SELECTOR
+    bodies = await ctx.kube.list(common.API_VERSION, "WeightRevision", namespace, selector)
     revs = [_parse(b) for b in bodies if ((b.get("spec") or {}).get("fleetRef") or {}).get("name") == fleet_name]
-    served = writes.served_of(fleet_body.get("status") or {}, revs)
+    served = writes.served_of(status, revs)
     sel = revisions.select(spec, served, revs)
     await _settle(ctx, sel)
-    target = sel.active.number if sel.active is not None else None
-    fields: dict[str, Any] = {"targetRevision": target}
-    if served is not None and "served" not in (fleet_body.get("status") or {}):
+    fields: dict[str, Any] = {}
+    if sel.active is not None:
+        fields["targetRevision"] = sel.active.number
+    elif sel.goal is None:
+        fields["targetRevision"] = None
+    # (Without an active revision, the pass itself says whether pods are moving to what is served.)
+    if served is not None and "served" not in status:
         fields["served"] = writes.served_wire(served, revision_status.timestamp())  # recorded once (upgrade)
     await writes.patch_fleet(ctx, fleet_body, fields)
     token = await _token(ctx, namespace, fleet_name)

@@ -177,6 +177,7 @@ class RolloutPass:
             mark = time.monotonic()
             read = await self._observe()
             self.timing["observe"] += time.monotonic() - mark
+            await self._announce_target()
             # Called done only once read from the engine itself (an acknowledgement is not enough).
             settled = {p: d for p, d in self.decisions.items() if p not in self.inflight}
             self.verified |= {p for p in read if self.decisions[p].step in (Step.RESUME, Step.DONE)}
@@ -227,6 +228,14 @@ class RolloutPass:
                 await self._drain()
                 await self._write_status(force=True)
                 return PassOutcome(again=True, idle=False)
+
+    async def _announce_target(self) -> None:
+        """Without an active revision, ``targetRevision`` says whether pods are moving to what is served
+        (a replaced pod caught up, a cancelled revision's pods moved back): set while any pod is not there."""
+        if self.rev is not None:
+            return
+        moving = any(d.step != Step.DONE for d in self.decisions.values()) or bool(self.pods.starting)
+        await writes.patch_fleet(self.ctx, self.fleet_body, {"targetRevision": self.goal.revision if moving else None})
 
     async def _drain(self) -> None:
         """Let the steps still running finish (a step is never abandoned half way by the pass)."""

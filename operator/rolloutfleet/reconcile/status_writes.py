@@ -17,6 +17,7 @@ from rolloutfleet.api import common
 from rolloutfleet.api.revision import Phase, WeightRevisionStatus
 from rolloutfleet.planning import revision_status, revisions
 from rolloutfleet.reconcile.context import OperatorContext
+from rolloutfleet.resources import labels
 
 Manifest = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -77,6 +78,14 @@ async def finalize(
     new = revision_status.finalized(rev.status, phase, reason, message, generation(rev.body))
     if not await write_revision(ctx, rev, new):
         return
+    meta = rev.body["metadata"]
+    try:
+        await ctx.kube.patch_labels(
+            common.API_VERSION, "WeightRevision", meta["namespace"], meta["name"], {labels.SETTLED_LABEL: "true"}
+        )
+    except KubeError as exc:  # only an optimisation of the next passes' lists: the phase is what counts
+        if exc.status != 404:
+            log.warning("WeightRevision %s/%s: not labelled settled: %s", meta["namespace"], meta["name"], exc)
     await ctx.kube.event(wrev_ref(rev.body), "Warning" if warn else "Normal", reason, message)
     fleet = rev.spec.fleet_ref.name if rev.spec is not None else ""
     ctx.metrics.revisions.labels(rev.body["metadata"]["namespace"], fleet, phase.value).inc()

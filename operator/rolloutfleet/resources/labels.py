@@ -66,3 +66,8 @@ def token_secret_name(fleet: str) -> str:
 
 # The pod readiness gate the operator sets from the engine's state (reconcile.gates).
 WEIGHTS_READY_CONDITION = "rolloutfleet.io/weights-ready"
+
+# Put on a WeightRevision once it reached a final phase: the revision loop lists only revisions without it,
+# so a namespace holding thousands of finished revisions costs it nothing per pass.
+SETTLED_LABEL = "rolloutfleet.io/settled"
+UNSETTLED_SELECTOR = f"{SETTLED_LABEL}!=true"

@@ -146,6 +146,20 @@ class FakeKube:
             obj["metadata"]["resourceVersion"] = str(next(self._rv))
         return copy.deepcopy(obj)
 
+    async def patch_labels(
+        self, api_version: str, kind: str, namespace: str, name: str, labels: dict[str, str]
+    ) -> Manifest:
+        """Merge labels into metadata.labels (a metadata change: no generation bump)."""
+        await self._call("patch", FakeCall("patch", kind, namespace, name, {"metadata": {"labels": labels}}))
+        obj = self.objects.get((api_version, kind, namespace, name))
+        if obj is None:
+            raise KubeError(404, f'{kind.lower()}s "{name}" not found')
+        merged = {**(obj["metadata"].get("labels") or {}), **labels}
+        if merged != obj["metadata"].get("labels"):
+            obj["metadata"]["labels"] = merged
+            obj["metadata"]["resourceVersion"] = str(next(self._rv))
+        return copy.deepcopy(obj)
+
     async def patch_pod_condition(self, namespace: str, name: str, condition: Manifest) -> Manifest:
         """Strategic-merge one pod condition (conditions merge by ``type``); the kubelet recomputes Ready."""
         await self._call(

@@ -164,3 +164,32 @@ async def test_a_missing_checkpoint_fails_before_any_pod_leaves_service(tmp_path
         for pod in h.pods:
             assert [e["step"] for e in h.engine_log(pod)[before[pod] :] if "status" in e] == [], pod
         assert {p: h.served(p) for p in h.pods} == dict.fromkeys(h.pods, (1, 1, False))
+
+
+async def test_finished_revisions_are_not_read_again(tmp_path: pathlib.Path) -> None:
+    """Issue 15 defect 13 (memory): a trainer publishes one revision per step, and every pass listed them
+    all, so the operator's memory grew with the namespace's history (the soak: +50 % RSS from revision 20
+    to 200). A finished revision is labelled settled and the passes list only the others; whatever is
+    settled is never needed again (what is served is in the fleet's status)."""
+    async with harness(tmp_path, replicas=2) as h:
+        selectors: list[str] = []
+        original = h.kube.list
+
+        async def list_(api_version: str, kind: str, namespace: str | None, label_selector: str = "") -> object:
+            if kind == "WeightRevision":
+                selectors.append(label_selector)
+            return await original(api_version, kind, namespace, label_selector)
+
+        h.kube.list = list_  # type: ignore[method-assign,assignment]
+        for r in (1, 2, 3):
+            h.apply_revision(f"step-{r}", r)
+            await h.settle()
+        assert selectors and set(selectors) == {"rolloutfleet.io/settled!=true"}
+        for r in (1, 2, 3):
+            body = h.kube.peek("rolloutfleet.io/v1alpha1", "WeightRevision", h.namespace, f"step-{r}")
+            assert body is not None and body["metadata"]["labels"]["rolloutfleet.io/settled"] == "true"
+        listed = h.kube.find("rolloutfleet.io/v1alpha1", "WeightRevision", h.namespace, "rolloutfleet.io/settled!=true")
+        assert listed == []
+        h.apply_revision("step-4", 4)
+        await h.settle()
+        assert h.fleet_status()["currentRevision"] == 4 and h.fleet_status()["served"]["name"] == "step-4"
