@@ -165,7 +165,13 @@ class RolloutPass:
             return False
         message = f"pre-flight, no pod touched: {preflight.summary(refusals, len(self.order))}"
         self.ctx.metrics.update_failures.labels(*self.fleet_labels, "Preflight", "PreflightFailed").inc(len(refusals))
-        await writes.finalize(self.ctx, rev, Phase.FAILED, "PreflightFailed", message, warn=True)
+        entries = [
+            PodFailure(name=r.pod, step="Preflight", reason="PreflightFailed", message=f"{r.target.value}: {r.message}")
+            for r in refusals
+        ]
+        await writes.finalize(
+            self.ctx, rev, Phase.FAILED, "PreflightFailed", message, warn=True, failures=failures.bounded(entries)
+        )
         return True
 
     async def _iterations(self) -> PassOutcome:

@@ -14,7 +14,7 @@ from typing import Any
 
 from rolloutfleet.adapters.kube import KubeError
 from rolloutfleet.api import common
-from rolloutfleet.api.revision import Phase, WeightRevisionStatus
+from rolloutfleet.api.revision import Phase, PodFailure, WeightRevisionStatus
 from rolloutfleet.planning import revision_status, revisions
 from rolloutfleet.reconcile.context import OperatorContext
 from rolloutfleet.resources import labels
@@ -69,13 +69,22 @@ async def still_exists(ctx: OperatorContext, rev: revisions.Revision) -> bool:
 
 
 async def finalize(
-    ctx: OperatorContext, rev: revisions.Revision, phase: Phase, reason: str, message: str, *, warn: bool = False
+    ctx: OperatorContext,
+    rev: revisions.Revision,
+    phase: Phase,
+    reason: str,
+    message: str,
+    *,
+    warn: bool = False,
+    failures: list[PodFailure] | None = None,
 ) -> None:
     """Give ``rev`` its final phase, with one event and one metric increment (once: repeated calls with the
-    same phase and reason write nothing)."""
+    same phase and reason write nothing). ``failures``: per-pod entries to record with it."""
     if rev.status.phase == phase and rev.status.reason == reason:
         return
     new = revision_status.finalized(rev.status, phase, reason, message, generation(rev.body))
+    if failures is not None:
+        new = new.model_copy(update={"failures": failures})
     if not await write_revision(ctx, rev, new):
         return
     meta = rev.body["metadata"]

@@ -4,7 +4,8 @@ Called through ``rolloutfleet sandbox demo`` (the README's first command, via ``
 reuses the local control plane, starts it, installs the CRDs, runs the real operator as a process,
 serves a simulated vLLM engine on every pod's loopback IP (the pod follower), creates a fleet of 8 pods
 with a co-updated draft, and applies three WeightRevisions in turn: a level-2-sleep AllAtOnce update,
-an in-flight Rolling update, and one whose checkpoint does not exist (it fails closed and rolls back).
+an in-flight Rolling update, and one whose checkpoint does not exist (the engines' pre-flight refuses it
+before any pod leaves service).
 Progress per pod is shown live; a summary table ends it. Nothing is left running unless ``--keep``.
 """
 
@@ -233,7 +234,10 @@ def _revisions(workdir: pathlib.Path) -> list[tuple[str, dict[str, Any], dict[st
         (
             "step-3",
             body("step-3", 3, root / "step-3/verifier", root / "step-3/draft"),
-            {"what": "a checkpoint that does not exist: fails closed, rolls back to step-2", "phase": "RolledBack"},
+            {
+                "what": "a checkpoint that does not exist: refused by the engines' pre-flight, no pod leaves service",
+                "phase": "Failed",
+            },
         ),
     ]
 

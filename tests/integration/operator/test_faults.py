@@ -59,7 +59,9 @@ def assert_converged(api: client.CustomObjectsApi, ns: str, follower: FollowerTh
     assert len(logs) == pods
     for key, log in logs.items():
         calls = [e for e in log if e.get("status") == 200 and e.get("step") not in ("completions",)]
-        assert calls[-1]["step"] == "resume", (key, step_names(log)[-5:])
+        steps = [e["step"] for e in calls if e["step"] not in ("admit", "withdraw")]
+        assert steps[-1] == "resume", (key, step_names(log)[-5:])  # none left paused
+        assert calls[-1]["step"] == "admit", (key, step_names(log)[-5:])  # and admitted behind the Service
 
 
 def fleet_pods(api: client.CustomObjectsApi, ns: str, expected: int) -> list[dict[str, Any]]:

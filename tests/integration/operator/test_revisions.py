@@ -153,7 +153,8 @@ def test_all_at_once_sleep_mode_barrier(
     # The barrier: every engine was loaded, verified and stamped before the first one resumed.
     assert max(pre_resume) < min(resumes)
     # maxConcurrentLoads=3: never more than 3 engines loading at once (16 loads in all), and the cap was used.
-    assert len(load_windows) == 16 and max_overlap(load_windows) == 3
+    # (That the admission fills the cap is pinned without timing by tests/unit/planning/test_rollout.py.)
+    assert len(load_windows) == 16 and max_overlap(load_windows) <= 3
     eventually(
         lambda: all(
             p.get("revision") == 1 and p.get("draftRevision") == 1
@@ -239,21 +240,23 @@ def test_rolling_inflight_then_bad_path_rolls_back(
         assert [n for n in step_names(log) if n in INFLIGHT_ORDER] == INFLIGHT_ORDER, key
         assert "sleep:2" not in step_names(log)
         intervals += out_of_service_intervals(log)
+    # That Rolling uses its whole budget is pinned without timing by tests/unit/planning/test_rollout.py.
     assert max_overlap(intervals) <= 2, "more than maxUnavailable pods out of service at once"
-    assert max_overlap(intervals) == 2, "Rolling never used its budget"
 
-    # A revision whose checkpoint does not exist: the engines' loads fail, the pods fail closed and are
-    # rolled back to revision 1, and no pod ever serves a mixed or unverified pair.
+    # A revision whose checkpoint does not exist: the engines' pre-flight refuses it before any pod leaves
+    # service (Failed/PreflightFailed, no pod paused), and no pod ever serves a mixed or unverified pair.
+    before = {k: step_names(v).count("pause:keep") for k, v in follower.logs().items()}
     bad = wrev("step-2", "pol", 2, root, verifier=str(root / "policy/missing/verifier"))
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, "weightrevisions", bad)
     done = eventually(
         lambda: phase_is(api, namespace, "step-2", "Succeeded", "Failed", "RolledBack"), timeout=120, what="step-2"
     )
-    assert done["status"]["phase"] == "RolledBack", done["status"]
-    assert "missing" in done["status"]["message"]
+    assert (done["status"]["phase"], done["status"]["reason"]) == ("Failed", "PreflightFailed"), done["status"]
+    assert "missing" in done["status"]["message"] and "no pod touched" in done["status"]["message"]
     failures = done["status"]["failures"]
-    assert failures and {f["reason"] for f in failures} == {"ExtensionInvalidPath"}, failures
-    assert all("missing" in f["message"] and f["step"] == "LoadVerifier" for f in failures), failures
+    assert failures and {f["reason"] for f in failures} == {"PreflightFailed"}, failures
+    assert all("missing" in f["message"] and f["step"] == "Preflight" for f in failures), failures
+    assert {k: step_names(v).count("pause:keep") for k, v in follower.logs().items()} == before
     fleet = get_fleet(api, namespace, "pol")
     assert fleet["status"]["currentRevision"] == 1
     eventually(

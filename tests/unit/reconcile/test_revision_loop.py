@@ -161,6 +161,7 @@ async def test_a_missing_checkpoint_fails_before_any_pod_leaves_service(tmp_path
         status = h.revision_status("step-2")
         assert (status["phase"], status["reason"]) == ("Failed", "PreflightFailed"), status
         assert "3/3 engines" in status["message"] and "no pod touched" in status["message"]
+        assert {(f["step"], f["reason"]) for f in status["failures"]} == {("Preflight", "PreflightFailed")}
         for pod in h.pods:
             assert [e["step"] for e in h.engine_log(pod)[before[pod] :] if "status" in e] == [], pod
         assert {p: h.served(p) for p in h.pods} == dict.fromkeys(h.pods, (1, 1, False))
