@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pathlib
 import time
+from typing import Any
 
 import aiohttp
 import pytest
@@ -400,15 +402,32 @@ async def test_preflight_changes_nothing_and_applies_no_order_rule(target: Targe
     await load_pair(engine, w.verifier_a, w.draft_a, 1)
 
 
-async def test_bad_preflights_fail_with_the_extension_codes(target: Target, engine: EngineClient) -> None:
+def _half_of(checkpoint: str, directory: pathlib.Path) -> str:
+    """A checkpoint with the first half of ``checkpoint``'s tensors: too few elements for its model.
+
+    Written by the test (the engine shares this filesystem in both tiers): the GPU tier's draft is a copy of
+    its verifier, so no checkpoint it ships is smaller than the verifier's parameters.
+    """
+    from safetensors.torch import load_file, save_file
+
+    tensors: dict[str, Any] = {}
+    for shard in sorted(pathlib.Path(checkpoint).glob("*.safetensors")):
+        tensors.update(load_file(str(shard)))
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(dict(sorted(tensors.items())[: len(tensors) // 2]), str(directory / "model.safetensors"))
+    return str(directory)
+
+
+async def test_bad_preflights_fail_with_the_extension_codes(
+    target: Target, engine: EngineClient, tmp_path: pathlib.Path
+) -> None:
     w = target.weights
     cases = [
         ("verifier", "relative/path", "invalid_path"),
         ("verifier", w.verifier_a + "/../verifier-a", "invalid_path"),
         ("verifier", "/nonexistent/rolloutfleet/checkpoint", "invalid_path"),
         ("embedding", w.verifier_a, "invalid_target"),
-        # The draft's checkpoint holds fewer elements than the verifier's parameters (a draft is smaller).
-        ("verifier", w.draft_a, "incomplete"),
+        ("verifier", _half_of(w.verifier_a, tmp_path / "half-verifier"), "incomplete"),
     ]
     if w.empty is not None:
         cases.append(("verifier", w.empty, "io"))

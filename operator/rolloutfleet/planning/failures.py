@@ -54,10 +54,12 @@ def summarize(failures: list[PodFailure], *, total: int) -> str:
 
 
 def bounded(failures: list[PodFailure]) -> list[PodFailure]:
-    """The per-pod entries kept in the status: a few of every group, at most ``MAX_FAILURE_ENTRIES``."""
-    kept: list[PodFailure] = []
+    """The per-pod entries kept in the status: a few of every group, at most ``MAX_FAILURE_ENTRIES``, and one
+    per pod (``status.failures`` is a list-map keyed by name: the API server refuses a pod named twice)."""
+    kept: dict[str, PodFailure] = {}
     grouped = groups(failures)
     per_group = max(1, MAX_FAILURE_ENTRIES // max(1, len(grouped)))
     for _, members in grouped:
-        kept.extend(members[:per_group])
-    return kept[:MAX_FAILURE_ENTRIES]
+        for member in members[:per_group]:
+            kept.setdefault(member.name, member)
+    return list(kept.values())[:MAX_FAILURE_ENTRIES]

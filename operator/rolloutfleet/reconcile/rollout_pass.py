@@ -165,9 +165,12 @@ class RolloutPass:
             return False
         message = f"pre-flight, no pod touched: {preflight.summary(refusals, len(self.order))}"
         self.ctx.metrics.update_failures.labels(*self.fleet_labels, "Preflight", "PreflightFailed").inc(len(refusals))
+        per_pod: dict[str, list[str]] = {}
+        for r in refusals:  # status.failures is a map keyed by pod name: one entry per pod
+            per_pod.setdefault(r.pod, []).append(f"{r.target.value}: {r.message}")
         entries = [
-            PodFailure(name=r.pod, step="Preflight", reason="PreflightFailed", message=f"{r.target.value}: {r.message}")
-            for r in refusals
+            PodFailure(name=pod, step="Preflight", reason="PreflightFailed", message="; ".join(why)[:1024])
+            for pod, why in per_pod.items()
         ]
         await writes.finalize(
             self.ctx, rev, Phase.FAILED, "PreflightFailed", message, warn=True, failures=failures.bounded(entries)

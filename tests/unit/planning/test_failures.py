@@ -71,3 +71,11 @@ def test_a_4096_pod_revision_status_stays_small() -> None:
     size = len(json.dumps(status.to_wire()))
     assert size < 64 * 1024, size
     assert [p.name for p in status.pods] == ["policy-17"] and status.pods_updated == 4095
+
+
+def test_each_pod_is_kept_once() -> None:
+    """status.failures is a list-map keyed by pod name: a pod named twice made the API server refuse the whole
+    status write (422), so the revision never ended (found by the sandbox demo: a pre-flight refused both
+    the verifier and the draft of every pod)."""
+    twice = [failure(0), failure(0, "another", "LoadDraft"), failure(1)]
+    assert [f.name for f in failures.bounded(twice)] == ["p-0", "p-1"]

@@ -141,6 +141,11 @@ class FakeKube:
                 "please apply your changes to the latest version and try again",
             )
         new_status = merge_patch(obj.get("status") or {}, copy.deepcopy(status))
+        # Like the API server's list-map validation (x-kubernetes-list-map-keys): a key twice is a 422.
+        for field, key in (("pods", "name"), ("failures", "name"), ("timings", "step"), ("conditions", "type")):
+            keys = [e.get(key) for e in new_status.get(field) or [] if isinstance(e, dict)]
+            if len(keys) != len(set(keys)):
+                raise KubeError(422, f"status.{field}: Duplicate value for {key}")
         if new_status != (obj.get("status") or {}):
             obj["status"] = new_status
             obj["metadata"]["resourceVersion"] = str(next(self._rv))

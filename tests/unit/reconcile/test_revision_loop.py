@@ -156,6 +156,7 @@ async def test_a_missing_checkpoint_fails_before_any_pod_leaves_service(tmp_path
         before = {p: len(h.engine_log(p)) for p in h.pods}
         manifest = h.revision_manifest("step-2", 2, digest=False)
         manifest["spec"]["verifier"]["path"] = str(h.root / "policy" / "step-2-missing" / "verifier")
+        manifest["spec"]["draft"]["path"] = str(h.root / "policy" / "step-2-missing" / "draft")  # both refused
         h.kube.apply_user(manifest)
         await h.settle()
         status = h.revision_status("step-2")
