@@ -112,6 +112,8 @@ def _engines(ctx: OperatorContext, namespace: str, name: str) -> dict[str, fleet
     memory = ctx.fleets.get((namespace, name))
     if memory is None:
         return {}
+    # An engine that does not answer holds nothing the status may claim: its revisions read unknown (a
+    # crashed engine comes back on the initial checkpoint), its step says why.
     return {
         pod: fleet_status.EngineSummary(
             revision=state.verifier.revision,
@@ -119,8 +121,9 @@ def _engines(ctx: OperatorContext, namespace: str, name: str) -> dict[str, fleet
             step=memory.steps.get(pod),
             weight_version=state.weight_version,
         )
-        for pod, state in memory.engine_view.items()
         if state.reachable
+        else fleet_status.EngineSummary(None, None, memory.steps.get(pod) or "Unreachable", None)
+        for pod, state in memory.engine_view.items()
     }
 
 

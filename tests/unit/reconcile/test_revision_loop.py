@@ -195,3 +195,16 @@ async def test_finished_revisions_are_not_read_again(tmp_path: pathlib.Path) -> 
         h.apply_revision("step-4", 4)
         await h.settle()
         assert h.fleet_status()["currentRevision"] == 4 and h.fleet_status()["served"]["name"] == "step-4"
+
+
+async def test_the_status_claims_nothing_for_an_engine_that_does_not_answer(tmp_path: pathlib.Path) -> None:
+    """Issue 15 soak, check (d): a crashed engine kept its last revision in the fleet status for as long as it
+    was down (a crashed engine comes back on the initial checkpoint, so the old claim was wrong twice)."""
+    async with harness(tmp_path, replicas=2) as h:
+        h.apply_revision("step-1", 1)
+        await h.settle()
+        pod = h.pods[0]
+        await h.engine(pod).crash()
+        await h.settle(max_passes=1, require_idle=False)
+        entry = next(p for p in h.fleet_status()["pods"] if p["name"] == pod)
+        assert entry.get("revision") is None and entry.get("step") == "Unreachable", entry
