@@ -430,6 +430,7 @@ class Soak:
         self.applied = 0
         self.rss: list[dict[str, Any]] = []
         self.kills_skipped = 0
+        self._operator_down = False  # a kill's restart is pending
         self.timings: dict[str, float] = {}
         self.final: dict[str, Any] = {}
         self.leftover_faults: dict[str, int] = {}
@@ -859,6 +860,18 @@ class Soak:
         if self.applied >= self.args.kill_before:
             self.kills_skipped += 1
             return
+        if self._operator_down:
+            # A kill while the last one's restart is pending would start a second operator beside the first
+            # (two standalone operators driving the same engines: a harness bug, not a fault to inject).
+            self.kills_skipped += 1
+            return
+        self._operator_down = True
+        try:
+            await self._kill_and_restart()
+        finally:
+            self._operator_down = False
+
+    async def _kill_and_restart(self) -> None:
         pid = self.operator.proc.pid if self.operator.proc else None
         await asyncio.to_thread(self.operator.kill)
         gap = round(self.rng.uniform(0.2, 3.0), 2)

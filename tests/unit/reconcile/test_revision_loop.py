@@ -52,7 +52,10 @@ async def _stop_mid_load(tmp_path: pathlib.Path, *, deleted: bool) -> tuple[bool
         await h.wait_for([pod], lambda entries: started_loads(entries) >= 1)
         stop.fleet_deleted = deleted
         stop.event.set()
-        await asyncio.sleep(0.05)  # the loop gets every chance to return early; it must not (unless deleted)
+        if deleted:  # it must return while the load is still held (bounded only so a hang fails)
+            await asyncio.wait({loop}, timeout=10)
+        else:
+            await asyncio.sleep(0.05)  # the loop gets every chance to return early; it must not
         returned_before_release = loop.done()
         gate.set()
         await asyncio.wait_for(loop, timeout=10)
