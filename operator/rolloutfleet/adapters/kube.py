@@ -220,49 +220,41 @@ class Kube:
         body: Manifest = {"status": status}
         if resource_version is not None:
             body["metadata"] = {"resourceVersion": resource_version}
-
-        def call() -> Manifest:
-            res = self._resource(api_version, kind).subresources["status"]
-            out = res.patch(
-                body=body,
-                name=name,
-                namespace=namespace,
-                content_type="application/merge-patch+json",
-                serializer=_plain_json,
-                _request_timeout=self.request_timeout,
-            )
-            return _to_dict(out)
-
-        return await self._run(call, "patch")
+        return await self._patch(api_version, kind, namespace, name, body, subresource="status")
 
     async def patch_labels(
         self, api_version: str, kind: str, namespace: str, name: str, labels: dict[str, str]
     ) -> Manifest:
         """Merge-patch labels onto an object's metadata (the other fields are left alone)."""
-
-        def call() -> Manifest:
-            out = self._resource(api_version, kind).patch(
-                body={"metadata": {"labels": labels}},
-                name=name,
-                namespace=namespace,
-                content_type="application/merge-patch+json",
-                serializer=_plain_json,
-                _request_timeout=self.request_timeout,
-            )
-            return _to_dict(out)
-
-        return await self._run(call, "patch")
+        return await self._patch(api_version, kind, namespace, name, {"metadata": {"labels": labels}})
 
     async def patch_pod_condition(self, namespace: str, name: str, condition: Manifest) -> Manifest:
         """Set one condition on a pod's status (strategic merge: conditions merge by ``type``)."""
+        body = {"status": {"conditions": [condition]}}
+        return await self._patch("v1", "Pod", namespace, name, body, subresource="status", strategic=True)
+
+    async def _patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        body: Manifest,
+        *,
+        subresource: str | None = None,
+        strategic: bool = False,
+    ) -> Manifest:
+        """One PATCH: a JSON merge patch, or a strategic merge (lists merged by key) for core kinds."""
 
         def call() -> Manifest:
-            res = self._resource("v1", "Pod").subresources["status"]
+            res = self._resource(api_version, kind)
+            if subresource is not None:
+                res = res.subresources[subresource]
             out = res.patch(
-                body={"status": {"conditions": [condition]}},
+                body=body,
                 name=name,
                 namespace=namespace,
-                content_type="application/strategic-merge-patch+json",
+                content_type="application/strategic-merge-patch+json" if strategic else "application/merge-patch+json",
                 serializer=_plain_json,
                 _request_timeout=self.request_timeout,
             )
