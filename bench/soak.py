@@ -29,8 +29,9 @@ switch to the new token after a random propagation delay (the kubelet updating t
 keep accepting the old one for ``--token-grace`` seconds.
 
 Operator RSS: a SIGKILL starts a new process, so kills are injected only while fewer than
-``--kill-before`` revisions have been applied; the process measured after revision ``--rss-at`` is the
-one that runs to the end (the report says whether that held).
+``--kill-before`` revisions have been applied, and the process that runs to the end is measured after it
+handled ``--rss-at`` revisions itself (a process killed and restarted at revision 13 has not "run 20
+revisions" at revision 20: its caches are still warming) and at the end.
 """
 
 from __future__ import annotations
@@ -1061,6 +1062,11 @@ def _operator_log_summary(path: pathlib.Path, offset: int) -> tuple[int, int, li
     return len(errors), tracebacks, common
 
 
+def _latest_fault(recent: list[str]) -> str:
+    """The kind of the most recent fault in an observer context list (``kind@-1.2s``, newest first)."""
+    return recent[0].split("@", 1)[0] if recent else "none"
+
+
 def _kwok_gated(tally: obs.Tally, check: str) -> int:
     """Episodes whose first sample saw the weights gate True with no reason (the operator always gives one)."""
     count = 0
@@ -1209,10 +1215,26 @@ def render(soak: Soak) -> str:
                 f"{first.get('pod_created')}, gate {first.get('gate')}; recent faults {first.get('recent_faults')}"
             )
         w("")
+    beyond = [e for e in tally.episodes if e.check == "d_beyond"]
+    if beyond:
+        # Which fault preceded each long disagreement: an operator that is down cannot write status, so
+        # those are expected during the kill window; any other cause is a defect to chase.
+        causes = collections.Counter(_latest_fault(e.first.get("recent_faults") or []) for e in beyond)
+        w("### d beyond the tolerance, by the latest fault in the 10 s before it began\n")
+        w("| latest fault | episodes |\n|---|---|")
+        for cause, n in causes.most_common():
+            w(f"| {cause} | {n} |")
+        w("")
     w(f"All episodes: `{soak.artifacts / 'violations.json'}`\n")
     w("## Operator RSS\n")
-    at = next((s for s in soak.rss if s["after_revision"] >= args.rss_at), None)
     last = soak.rss[-1] if soak.rss else None
+    born = max(
+        (i["started_after_revision"] for i in soak.operator.incarnations if last and i["pid"] == last["pid"]),
+        default=0,
+    )
+    at = next(
+        (s for s in soak.rss if s["pid"] == (last or {}).get("pid") and s["after_revision"] >= born + args.rss_at), None
+    )
     if at and last and at["rss_kib"] and last["rss_kib"]:
         same = at["pid"] == last["pid"]
         growth = 100.0 * (last["rss_kib"] - at["rss_kib"]) / at["rss_kib"]
@@ -1228,6 +1250,13 @@ def render(soak: Soak) -> str:
         f"pid {i['pid']} after revision {i['started_after_revision']}" for i in soak.operator.incarnations
     )
     w(f"- operator processes: {starts}")
+    if last:
+        firsts: dict[int, dict[str, Any]] = {}
+        for sample in soak.rss:  # the first sample at or after each multiple of 20
+            if sample["pid"] == last["pid"]:
+                firsts.setdefault(sample["after_revision"] // 20, sample)
+        trail = ", ".join(f"{s['after_revision']}: {(s['rss_kib'] or 0) / 1024:.1f}" for s in firsts.values())
+        w(f"- RSS of the last process (MiB) after revision {trail}")
     peak = max((s["rss_kib"] or 0 for s in soak.rss), default=0)
     w(f"- peak sampled RSS {peak / 1024:.1f} MiB; sampled after every revision, in `{soak.artifacts / 'rss.json'}`\n")
     (soak.artifacts / "rss.json").write_text(json.dumps(soak.rss))

@@ -312,6 +312,8 @@ class Tally:
     """Counts findings per check (one per sample per pod) and groups them into episodes."""
 
     def __init__(self, keep_examples: int = 5, keep_episodes: int = 2000) -> None:
+        # ``keep_episodes`` bounds each check on its own: the frequent, tolerated ``d`` episodes must not
+        # crowd out the rare ones the report explains (``d_beyond``, a, b, c).
         self.counts: collections.Counter[str] = collections.Counter()
         self.examples: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
         self.episodes: list[Episode] = []
@@ -331,7 +333,7 @@ class Tally:
             episode = Episode(check, pod, t, t, 0, {"t": round(t, 2), **record})
             self._open[key] = episode
             self.episode_counts[check] += 1
-            if len(self.episodes) < self._keep_episodes:
+            if self.episode_counts[check] <= self._keep_episodes:
                 self.episodes.append(episode)
         episode.end = t
         episode.samples += 1

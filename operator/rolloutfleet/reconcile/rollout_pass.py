@@ -31,12 +31,16 @@ from rolloutfleet.api.revision import ParityProbe, ParityProbeResult, Phase, Pod
 from rolloutfleet.planning import failures, revision_status, revisions, rollout, transaction, verification
 from rolloutfleet.planning.transaction import Decision, Goal, Step
 from rolloutfleet.reconcile import executor, gates, preflight, probe
+from rolloutfleet.reconcile import fleet as fleet_reconcile
 from rolloutfleet.reconcile import status_writes as writes
 from rolloutfleet.reconcile.context import FleetMemory, OperatorContext
 
 Manifest = dict[str, Any]
 log = logging.getLogger(__name__)
 STATUS_WRITE_INTERVAL = 0.5
+# The fleet's per-pod status is rewritten at most this often during a pass: a long pass (slow loads,
+# retries) would otherwise leave status.pods behind the engines until it ended (the soak measured 3 s+).
+FLEET_STATUS_INTERVAL = 1.0
 FAULT_REASONS = {
     EngineFault.UNAUTHORIZED: "EngineUnauthorized",
     EngineFault.PROTOCOL: "EngineProtocolError",
@@ -100,6 +104,8 @@ class RolloutPass:
         self.messages: dict[str, str] = {}
         self.reasons: dict[str, str] = {}
         self.last_write = 0.0
+        self.last_fleet_write = 0.0
+        self.fleet_writer: asyncio.Task[None] | None = None
         self.writer: asyncio.Task[None] | None = None
         meta = fleet_body["metadata"]
         self.fleet_labels = (str(meta["namespace"]), str(meta["name"]))
@@ -131,6 +137,9 @@ class RolloutPass:
             await asyncio.gather(*self.inflight.values(), return_exceptions=True)
             if self.writer is not None:
                 await asyncio.gather(self.writer, return_exceptions=True)
+            if self.fleet_writer is not None:  # the pass's caller writes the fleet status next
+                self.fleet_writer.cancel()
+                await asyncio.gather(self.fleet_writer, return_exceptions=True)
             with contextlib.suppress(KubeError):
                 await self._sync_gates()
             self.memory.engine_view = {p: self.states[p] for p in self.order if p in self.states}
@@ -232,6 +241,7 @@ class RolloutPass:
             self.timing["steps"] += time.monotonic() - mark
             mark = time.monotonic()
             await self._write_status()
+            self._schedule_fleet_status()
             self.timing["status"] += time.monotonic() - mark
             if self.interrupted() or (self.rev is not None and self.rev.deleted):
                 await self._drain()
@@ -468,6 +478,28 @@ class RolloutPass:
         if self.probe_result is not None:
             new = new.model_copy(update={"parity_probe": self.probe_result})
         await writes.write_revision(self.ctx, self.rev, new)
+
+    def _schedule_fleet_status(self) -> None:
+        """Show the engines' progress in the fleet's status.pods while the pass runs.
+
+        At most one write per ``FLEET_STATUS_INTERVAL``, and a change inside the interval is deferred, not
+        dropped: a step that then runs for long (a slow load) must not leave the status behind meanwhile.
+        """
+        if self.fleet_writer is None or self.fleet_writer.done():
+            self.fleet_writer = asyncio.create_task(self._fleet_status_soon())
+
+    async def _fleet_status_soon(self) -> None:
+        wait = FLEET_STATUS_INTERVAL - (time.monotonic() - self.last_fleet_write)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        self.last_fleet_write = time.monotonic()
+        # The states as known now (acknowledged steps included), not as when the write was scheduled.
+        self.memory.engine_view = {p: self.states[p] for p in self.order if p in self.states}
+        namespace, name = self.fleet_labels
+        try:
+            await fleet_reconcile.refresh_status(self.ctx, namespace, name)
+        except KubeError as exc:  # the write at the end of the pass carries the same truth
+            log.info("fleet status not refreshed during the pass: %s", exc)
 
     def _served_now(self) -> revisions.Served:
         """What every pod serves now that the goal is complete (digests as the engines reported them)."""

@@ -106,6 +106,36 @@ async def test_rolling_max_unavailable_one_never_has_two_engines_out_of_service(
         assert h.revision_status("step-1")["phase"] == "Succeeded"
 
 
+async def test_fleet_status_shows_each_pod_s_revision_while_a_slow_pod_still_loads(tmp_path: pathlib.Path) -> None:
+    """``status.pods`` is how users and trainers see which pod serves what: it must follow the engines
+    during a pass, not only when the pass ends. With one pod's load held (a slow disk), the pods already
+    moved show the new revision while that pod is still loading (the soak saw the status stay behind for
+    the whole of a long pass). Rolling, one pod at a time, so the held pod moves last.
+    """
+    async with harness(tmp_path, replicas=3, rollout="Rolling", max_unavailable=1) as h:
+        slow, moved = "policy-2", ["policy-0", "policy-1"]
+        gate = h.hold_loads(slow)
+        h.apply_revision("step-1", 1)
+        rollout = asyncio.create_task(h.settle())
+        await h.wait_for(moved, stamped)
+
+        async def status_caught_up() -> bool:
+            for _ in range(int(5.0 / 0.01)):  # bounds a broken write only; never decides the outcome
+                pods = {p["name"]: p.get("revision") for p in h.fleet_status().get("pods") or []}
+                if all(pods.get(p) == 1 for p in moved):
+                    return True
+                await asyncio.sleep(0.01)
+            return False
+
+        caught_up = await status_caught_up()
+        assert not rollout.done(), "the held pod should still be loading"
+        assert h.served(slow).verifier != 1
+        gate.set()
+        await rollout
+        assert caught_up, f"status.pods during the pass: {h.fleet_status().get('pods')}"
+        assert [p["revision"] for p in h.fleet_status()["pods"]] == [1, 1, 1]
+
+
 async def test_corrupt_checkpoint_rolls_back_and_never_serves_unverified_weights(tmp_path: pathlib.Path) -> None:
     """A checkpoint whose digest does not match what the trainer pinned must never be served (DESIGN §4:
     fail-closed): every engine fails verification, the revision rolls back, and every engine serves the
