@@ -103,6 +103,12 @@ rollout and nothing else is granted. Why each one:
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
+# A weight-transfer session that failed leaves its model's parameters unusable (vLLM puts them on the meta
+# device) and only a new process repairs it: the operator deletes that one engine pod (docs/push.md), and
+# its StatefulSet recreates it on the fleet's initial weights.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["delete"]
 # The weights readiness gate (rolloutfleet.io/weights-ready): a strategic-merge patch of one pod condition,
 # so a pod joins the Service only while it serves the fleet's verified weights.
 - apiGroups: [""]

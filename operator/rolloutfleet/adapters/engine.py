@@ -301,6 +301,56 @@ class EngineClient:
         results = await self._load_rpc(step, {"path": path}, step, deadline)
         return wire.load_result_from_wire(results, url=self.base_url, step=step)
 
+    # --- pushed weights: vLLM's weight-transfer sessions, bracketed by our extension (docs/push.md) -----
+
+    async def init_weight_transfer(self, init_info: dict[str, Any], *, deadline: float | None = None) -> None:
+        """``POST /init_weight_transfer_engine``: join the transfer group (NCCL) or set up IPC (``{}``)."""
+        await self._call(
+            "POST",
+            "/init_weight_transfer_engine",
+            step="init_weight_transfer_engine",
+            json={"init_info": init_info},
+            deadline=_or(deadline, self.timeouts.load),
+        )
+
+    async def push_begin(
+        self, target: api.Target | str, revision: int, epoch: int, *, deadline: float | None = None
+    ) -> None:
+        """The extension opens its side of a session: from now on it hashes and counts what ``target``
+        receives, and the target's revision is unknown until ``push_end`` verifies it."""
+        step = f"rolloutfleet_push_begin:{target}"
+        results = await self.collective_rpc(
+            "rolloutfleet_push_begin",
+            kwargs={"target": str(target), "revision": revision, "epoch": epoch},
+            http_timeout=_or(deadline, self.timeouts.default),
+        )
+        wire.agreeing(results, url=self.base_url, step=step, key=lambda r: (r.get("target"), r.get("epoch")))
+
+    async def start_weight_update(self, target: api.Target | str, *, deadline: float | None = None) -> None:
+        """vLLM's ``/start_weight_update`` (verifier) or ``/start_draft_weight_update`` (draft)."""
+        route = "/start_draft_weight_update" if str(target) == api.Target.DRAFT else "/start_weight_update"
+        await self._call("POST", route, step=route.lstrip("/"), json={}, deadline=_or(deadline, self.timeouts.default))
+
+    async def finish_weight_update(self, *, deadline: float | None = None) -> None:
+        """vLLM's ``/finish_weight_update``: the session's received weights are committed."""
+        await self._call(
+            "POST",
+            "/finish_weight_update",
+            step="finish_weight_update",
+            json={},
+            deadline=_or(deadline, self.timeouts.load),
+        )
+
+    async def push_end(self, *, abandon: bool = False, deadline: float | None = None) -> api.LoadResult:
+        """The extension closes its side: the digest of exactly what was received, every parameter
+        present, or ``EngineRPCError`` (``failed``, ``incomplete``, ``abandoned``, ``no_session``) with the
+        target left destroyed."""
+        step = "rolloutfleet_push_end"
+        results = await self.collective_rpc(
+            "rolloutfleet_push_end", kwargs={"abandon": abandon}, http_timeout=_or(deadline, self.timeouts.default)
+        )
+        return wire.load_result_from_wire(results, url=self.base_url, step=step)
+
     async def preflight(
         self, target: api.Target | str, path: str, *, deadline: float | None = None
     ) -> api.PreflightResult:

@@ -39,6 +39,19 @@ class TargetWire(TypedDict):
     digest: str | None
     path: str | None
     verified: NotRequired[bool]
+    destroyed: NotRequired[bool]  # absent from extensions without push sessions: false
+
+
+class SessionWire(TypedDict):
+    """An open weight-transfer session, as ``rolloutfleet_state`` reports it (docs/push.md)."""
+
+    target: str
+    revision: int
+    epoch: int
+    age_s: float
+    tensors: int
+    bytes: int
+    error: str | None
 
 
 class DraftWire(TargetWire):
@@ -56,6 +69,7 @@ class StateResult(TypedDict):
     draft_method: str | None
     shared_tensors: list[str]
     rank: int
+    session: NotRequired[SessionWire | None]
     error: NotRequired[ExtensionError]
 
 
@@ -65,7 +79,7 @@ class LoadResultWire(TypedDict):
     ok: bool
     target: str
     revision: int | None
-    path: str
+    path: str | None
     digest: str
     bytes: int
     seconds: float
@@ -179,11 +193,16 @@ def states_from_wire(results: list[Any], *, url: str) -> list[StateResult]:
             r.get("resident"),
             _pick(r.get("verifier"), "revision", "digest"),
             _pick(r.get("draft"), "revision", "digest"),
+            _pick(r.get("session"), "target", "revision", "epoch", "error"),
         ),
     )
     for rank, result in enumerate(checked):
         if not isinstance(result.get("resident"), bool) or not isinstance(result.get("verifier"), dict):
             raise EngineProtocolError(f"rank {rank}: not a state report: {_short(result, 200)}", url=url, step=step)
+        try:
+            _session(result.get("session"))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise EngineProtocolError(f"rank {rank}: malformed session: {exc}", url=url, step=step) from exc
     return cast(list[StateResult], checked)
 
 
@@ -195,7 +214,7 @@ def load_result_from_wire(results: list[Any], *, url: str, step: str) -> api.Loa
         return api.LoadResult(
             target=api.Target(first["target"]),
             revision=first["revision"],
-            path=str(first["path"]),
+            path=None if first.get("path") is None else str(first["path"]),
             digest=str(first["digest"]),
             bytes=int(first["bytes"]),
             seconds=float(first["seconds"]),
@@ -261,6 +280,7 @@ def state_from_wire(
             path=draft_wire.get("path"),
             verified=bool(draft_wire.get("verified")),
             policy=api.DraftPolicy(policy) if policy else None,
+            destroyed=draft_wire.get("destroyed") is True,
         )
     verifier = first.get("verifier") or {}
     return api.EngineState(
@@ -274,13 +294,33 @@ def state_from_wire(
             digest=verifier.get("digest"),
             path=verifier.get("path"),
             verified=bool(verifier.get("verified")),
+            destroyed=verifier.get("destroyed") is True,
         ),
         draft=draft,
+        session=_session(first.get("session")),
         weight_version=weight_version,
         mapped=first.get("mapped"),
         draft_method=first.get("draft_method"),
         shared_tensors=tuple(first.get("shared_tensors") or ()),
         ranks=len(states),
+    )
+
+
+def _session(raw: Any) -> api.PushSession | None:
+    """The open session of a state report (None when there is none); malformed raises ValueError."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError(f"session is not an object: {raw!r}")
+    error = raw.get("error")
+    return api.PushSession(
+        target=api.Target(raw["target"]),
+        revision=int(raw["revision"]),
+        epoch=int(raw["epoch"]),
+        age_s=float(raw.get("age_s") or 0.0),
+        tensors=int(raw.get("tensors") or 0),
+        bytes=int(raw.get("bytes") or 0),
+        error=None if error is None else str(error),
     )
 
 

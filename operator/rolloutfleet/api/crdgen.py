@@ -32,9 +32,21 @@ def _resolve(node: Any, defs: JSON) -> Any:
     if "$ref" in node:
         target = copy.deepcopy(defs[node["$ref"].rsplit("/", 1)[-1]])
         siblings = {k: v for k, v in node.items() if k != "$ref"}
-        target.update(siblings)
-        return _resolve(target, defs)
+        return _resolve(_merged(target, siblings), defs)
     return {key: _resolve(value, defs) for key, value in node.items()}
+
+
+_RULES = "x-kubernetes-validations"
+
+
+def _merged(base: JSON, over: JSON) -> JSON:
+    """``base`` updated with ``over``, except CEL rules, which add up: a model's own rules (e.g. a source is
+    a path or a push) and a field's rules on it (e.g. immutable) must all hold."""
+    out = dict(base)
+    out.update(over)
+    if _RULES in base and _RULES in over:
+        out[_RULES] = [*base[_RULES], *[r for r in over[_RULES] if r not in base[_RULES]]]
+    return out
 
 
 def _is_null(schema: Any) -> bool:
@@ -57,9 +69,7 @@ def _structural(node: Any) -> Any:
             del node["default"]
         types = sorted(b.get("type", "") for b in branches)
         if len(branches) == 1:
-            merged = dict(branches[0])
-            merged.update(node)  # description/default of the field win
-            node = merged
+            node = _merged(branches[0], node)  # description/default of the field win
         elif types == ["integer", "string"]:
             node["x-kubernetes-int-or-string"] = True
             for branch in branches:  # keep per-branch constraints where the schema allows them

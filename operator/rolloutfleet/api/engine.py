@@ -61,11 +61,25 @@ class TargetState:
     path: str | None = None
     verified: bool = False
     policy: DraftPolicy | None = None
+    destroyed: bool = False  # a weight-transfer session failed into it: never serve, repair first
 
     @property
     def known(self) -> bool:
         """True when the content is a verified checkpoint (a digest was computed over what was loaded)."""
         return self.digest is not None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PushSession:
+    """A weight-transfer session the extension reports open (docs/push.md): the trainer sends into it."""
+
+    target: Target
+    revision: int
+    epoch: int
+    age_s: float = 0.0  # seconds since it was opened, by the engine's clock
+    tensors: int = 0  # received so far
+    bytes: int = 0
+    error: str | None = None  # an update into it failed: the session is over, its target destroyed
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -88,6 +102,7 @@ class EngineState:
     error: str | None = None  # why it could not be observed, for events/status (never holds secrets)
     fault: EngineFault | None = None  # set exactly when reachable is False
     admitted: bool | None = None  # the process's readiness probe passes; None: an image without admission
+    session: PushSession | None = None  # an open weight-transfer session (pushed revisions)
 
     @classmethod
     def unreachable(cls, error: str) -> EngineState:
@@ -105,6 +120,11 @@ class EngineState:
         return (self.verifier.revision, self.draft.revision if self.draft is not None else None)
 
     @property
+    def destroyed(self) -> bool:
+        """A failed weight-transfer session left a target unusable: the engine must not serve until repaired."""
+        return self.verifier.destroyed or (self.draft is not None and self.draft.destroyed)
+
+    @property
     def serving(self) -> bool:
         """True when the engine is reachable, not paused and not asleep: requests are being served."""
         return self.reachable and not self.paused and not self.sleeping
@@ -116,7 +136,7 @@ class LoadResult:
 
     target: Target
     revision: int | None
-    path: str
+    path: str | None  # None: received through a weight-transfer session
     digest: str
     bytes: int
     seconds: float

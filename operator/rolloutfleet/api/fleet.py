@@ -213,6 +213,13 @@ class StepTimeouts(WireModel):
     wake_seconds: int = Field(default=300, ge=1, le=86400, description="Each wake_up (weights, kv_cache).")
     load_seconds: int = Field(default=1800, ge=1, le=86400, description="Each load (verifier, draft).")
     verify_seconds: int = Field(default=120, ge=1, le=86400, description="Digest verification and parity probe.")
+    push_seconds: int = Field(
+        default=120,
+        ge=1,
+        le=86400,
+        description="Pushed revisions: how long an open weight-transfer session waits for the trainer to send "
+        "(docs/push.md); then the session ends and its pod is repaired.",
+    )
 
 
 MAX_UNAVAILABLE_RULE: JsonDict = {
@@ -354,6 +361,29 @@ SPEC_RULES: list[pydantic.JsonValue] = [
 ]
 
 
+class TransferBackend(enum.StrEnum):
+    """vLLM's weight-transfer backends (``--weight-transfer-config``)."""
+
+    IPC = "ipc"  # CUDA IPC handles: the trainer on the same host (and GPU set) as the engine
+    NCCL = "nccl"  # a NCCL group: trainer rank 0, engines' workers the other ranks
+
+
+class NcclTransfer(WireModel):
+    """NCCL backend options."""
+
+    port: int = Field(
+        default=29600, ge=1024, le=65535, description="The trainer's rendezvous port (engines connect to it)."
+    )
+    packed: bool = Field(default=True, description="vLLM's packed broadcast (fewer, larger collectives).")
+
+
+class WeightTransfer(WireModel):
+    """How the trainer pushes weights into the engines (docs/push.md); required for push revisions."""
+
+    backend: TransferBackend = Field(description="ipc (trainer on the same host) or nccl.")
+    nccl: NcclTransfer | None = Field(default=None, description="NCCL options (backend nccl only).")
+
+
 class RolloutFleetSpec(WireModel):
     """Desired state of a fleet."""
 
@@ -385,6 +415,11 @@ class RolloutFleetSpec(WireModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     resources: Resources = Field(default_factory=Resources, description="Extra container resources.")
+    weight_transfer: WeightTransfer | None = Field(
+        default=None,
+        description="Pushed revisions: vLLM's weight-transfer backend the engines start with (docs/push.md). "
+        "Unset: revisions come from checkpoint paths only.",
+    )
     scheduling: Scheduling = Field(default_factory=Scheduling, description="Node selection and priority.")
     network: NetworkAccess = Field(default_factory=NetworkAccess, description="NetworkPolicy client selection.")
     startup_timeout_seconds: int = Field(
@@ -424,11 +459,17 @@ class ServedWeights(WireModel):
     name: str | None = Field(
         default=None, max_length=253, description="The WeightRevision object that brought it (unset for 0)."
     )
-    verifier_path: str = Field(max_length=common.PATH_MAX_LENGTH, description="Verifier checkpoint served.")
+    verifier_path: str | None = Field(
+        default=None,
+        max_length=common.PATH_MAX_LENGTH,
+        description="Verifier checkpoint served (unset when the trainer pushed it).",
+    )
+    verifier_pushed: bool = Field(default=False, description="The trainer pushed the verifier (no path to re-read).")
     verifier_digest: str | None = Field(default=None, max_length=71, description="Its digest, if known.")
     draft_path: str | None = Field(
         default=None, max_length=common.PATH_MAX_LENGTH, description="Draft checkpoint served, if any."
     )
+    draft_pushed: bool = Field(default=False, description="The trainer pushed the draft.")
     draft_digest: str | None = Field(default=None, max_length=71, description="Its digest, if known.")
     since: datetime.datetime | None = Field(default=None, description="When the fleet started serving it.")
 

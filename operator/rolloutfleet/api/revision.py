@@ -37,16 +37,45 @@ TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
 Logprob = Annotated[float, Field(le=0.0, allow_inf_nan=False)]
 
 
-class WeightSource(WireModel):
-    """A checkpoint directory of safetensors files, optionally pinned by its digest."""
+class PushSource(WireModel):
+    """The trainer sends these weights into weight-transfer sessions the operator opens (docs/push.md)."""
 
-    path: AbsolutePath = Field(description="Absolute checkpoint directory under one of the fleet's allowedRoots.")
+
+SOURCE_RULES: list[pydantic.JsonValue] = [
+    {"rule": "has(self.path) != has(self.push)", "message": "set exactly one of path and push"},
+    {
+        "rule": "!has(self.push) || has(self.digest)",
+        "message": "a pushed source needs the digest the trainer computed over the tensors it sends",
+        "fieldPath": ".digest",
+    },
+]
+
+
+class WeightSource(WireModel):
+    """Where one model's weights come from: a checkpoint directory (``path``) or the trainer (``push``)."""
+
+    model_config = ConfigDict(**WireModel.model_config, json_schema_extra={"x-kubernetes-validations": SOURCE_RULES})
+
+    path: AbsolutePath | None = Field(
+        default=None, description="Absolute checkpoint directory under one of the fleet's allowedRoots."
+    )
+    push: PushSource | None = Field(
+        default=None,
+        description="Sent by the trainer through vLLM's weight-transfer sessions; needs `digest` and a fleet "
+        "with `weightTransfer`.",
+    )
     digest: str | None = Field(
         default=None,
         max_length=71,
         pattern=DIGEST_PATTERN,
-        description="Expected digest (`rolloutfleet digest PATH`); when set, every engine must report exactly it.",
+        description="Expected digest (`rolloutfleet digest PATH`, or the trainer's over the tensors it sends); "
+        "when set, every engine must report exactly it. Required with push.",
     )
+
+    @property
+    def pushed(self) -> bool:
+        """The trainer sends these weights (no path to read)."""
+        return self.push is not None
 
 
 class ParityProbe(WireModel):
@@ -183,6 +212,39 @@ class StepTiming(WireModel):
     max_seconds: float = Field(default=0.0, description="Maximum duration.")
 
 
+PUSH_PROTOCOL = 1
+# The trainer's marks on a pushed revision (docs/push.md, "Handshake"): the epoch it sent into, per target,
+# or why it could not send.
+PUSHED_ANNOTATION_PREFIX = "push.rolloutfleet.io/"
+PUSH_ERROR_ANNOTATION = PUSHED_ANNOTATION_PREFIX + "error"
+
+
+def pushed_annotation(target: str) -> str:
+    """The annotation the trainer sets to the highest epoch of ``target`` sessions it sent into."""
+    return PUSHED_ANNOTATION_PREFIX + target
+
+
+class PushSessionStatus(WireModel):
+    """One open weight-transfer session the trainer must send into."""
+
+    pod: str = Field(description="Pod name.")
+    address: str = Field(description="host:port where the trainer calls /update_weights.")
+    target: str = Field(description="verifier or draft.")
+    epoch: int = Field(description="The set of sessions it was opened with.")
+
+
+class PushStatus(WireModel):
+    """The operator's side of the push handshake (docs/push.md)."""
+
+    protocol: int = Field(default=PUSH_PROTOCOL, description="Handshake protocol version.")
+    epoch: int = Field(default=0, description="The newest complete set of sessions the operator opened.")
+    sessions: list[PushSessionStatus] = Field(
+        default_factory=list,
+        description="Open sessions waiting for the trainer (complete epochs only).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["pod"]},
+    )
+
+
 class WeightRevisionStatus(WireModel):
     """Observed state of a revision rollout."""
 
@@ -203,6 +265,7 @@ class WeightRevisionStatus(WireModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     parity_probe: ParityProbeResult | None = Field(default=None, description="Result of the parity probe, if any.")
+    push: PushStatus | None = Field(default=None, description="Pushed revisions: sessions open for the trainer.")
     failures: list[PodFailure] = Field(
         default_factory=list,
         description="Per-pod failures that made the revision roll back or fail.",

@@ -171,6 +171,9 @@ def validate_fleet(spec: RolloutFleetSpec, *, name: str | None = None) -> list[F
     if draft.digest is not None and draft.policy != DraftPolicy.FROZEN:
         errors.append(FieldError("spec.draft.digest", "is only used with spec.draft.policy frozen"))
     errors += _validate_max_unavailable(spec.update_strategy.max_unavailable, "spec.updateStrategy.maxUnavailable")
+    transfer = spec.weight_transfer
+    if transfer is not None and transfer.nccl is not None and transfer.backend != fleet.TransferBackend.NCCL:
+        errors.append(FieldError("spec.weightTransfer.nccl", f"is only used with backend nccl, not {transfer.backend}"))
     errors += validate_extra_args(spec)
     errors += validate_env(spec)
     return errors
@@ -264,7 +267,7 @@ def validate_revision(
         return [FieldError("spec.fleetRef.name", f"RolloutFleet {spec.fleet_ref.name!r} not found in this namespace")]
     errors: list[FieldError] = []
     roots = fleet_spec.weights.allowed_roots
-    errors += check_path(spec.verifier.path, "spec.verifier.path", roots)
+    errors += _check_source(spec.verifier, "spec.verifier", roots, fleet_spec)
     draft = fleet_spec.draft
     if spec.draft is not None:
         if draft.method == DraftMethod.NONE:
@@ -274,7 +277,7 @@ def validate_revision(
         elif draft.method not in fleet.METHODS_WITH_OWN_WEIGHTS:
             errors.append(FieldError("spec.draft", f"draft method {draft.method.value} has no weights of its own"))
         else:
-            errors += check_path(spec.draft.path, "spec.draft.path", roots)
+            errors += _check_source(spec.draft, "spec.draft", roots, fleet_spec)
     elif draft.policy == DraftPolicy.CO_UPDATE and draft.method in fleet.METHODS_WITH_OWN_WEIGHTS:
         errors.append(
             FieldError(
@@ -302,6 +305,37 @@ def validate_revision(
                     f"{fleet_spec.update_strategy.mode.value}; use inflight (or change the fleet's mode)",
                 )
             )
+    return errors
+
+
+def _check_source(
+    source: revision.WeightSource, field: str, roots: list[str], fleet_spec: RolloutFleetSpec
+) -> list[FieldError]:
+    """One source of a revision: a path under the roots, or a push the fleet can receive (docs/push.md)."""
+    if (source.path is None) == (source.push is None):
+        return [FieldError(field, "set exactly one of path and push")]
+    if source.path is not None:
+        return check_path(source.path, f"{field}.path", roots)
+    errors = []
+    if source.digest is None:
+        errors.append(
+            FieldError(f"{field}.digest", "is required with push: the digest the trainer computed over what it sends")
+        )
+    if fleet_spec.weight_transfer is None:
+        errors.append(
+            FieldError(
+                f"{field}.push",
+                "the fleet has no spec.weightTransfer: its engines were not started with a weight-transfer backend",
+            )
+        )
+    elif fleet_spec.weight_transfer.backend == fleet.TransferBackend.NCCL:
+        errors.append(
+            FieldError(
+                f"{field}.push",
+                "pushes over NCCL are not supported by this operator version (it does not form transfer groups "
+                "yet: docs/push.md); use backend ipc, or a path",
+            )
+        )
     return errors
 
 

@@ -25,11 +25,14 @@ HF_OVERRIDES = "--hf-overrides"
 MODEL = "--model"
 API_KEY = "--api-key"
 CONFIG = "--config"
+WEIGHT_TRANSFER_CONFIG = "--weight-transfer-config"
 
 ENV_DEV_MODE = "VLLM_SERVER_DEV_MODE"
 ENV_BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
 ENV_RUNTIME_LORA = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 ENV_API_KEY = "VLLM_API_KEY"
+# vLLM unpickles the CUDA IPC handles a trainer sends over HTTP only with this set (IPC backend only).
+ENV_INSECURE_SERIALIZATION = "VLLM_ALLOW_INSECURE_SERIALIZATION"
 
 WORKER_EXTENSION = "rolloutfleet_worker.extension.RolloutFleetExtension"
 AUTH_MIDDLEWARE = "rolloutfleet_worker.auth.ControlAuthMiddleware"
@@ -47,6 +50,7 @@ OPERATOR_OWNED = frozenset(
         SPECULATIVE_CONFIG,
         ENABLE_SLEEP_MODE,
         MODEL,
+        WEIGHT_TRANSFER_CONFIG,  # from spec.weightTransfer: the operator opens the sessions it configures
     }
 )
 
@@ -78,6 +82,8 @@ REFUSED_ENV: dict[str, str] = {
     ENV_RUNTIME_LORA: "is refused: it opens /v1/load_lora_adapter and /v1/unload_lora_adapter, which stay "
     "unauthenticated (every /v1 route is open to clients); load adapters at start with --lora-modules",
     ENV_API_KEY: "is refused: it is vLLM's --api-key, and the operator's parity probe calls /v1 without a key",
+    ENV_INSECURE_SERIALIZATION: "is set by the operator for spec.weightTransfer.backend ipc only (it lets "
+    "vLLM unpickle what a control route receives)",
 }
 
 

@@ -11,7 +11,15 @@ import statistics
 
 from rolloutfleet.api import conditions
 from rolloutfleet.api.engine import EngineState
-from rolloutfleet.api.revision import Phase, PodFailure, PodProgress, StepTiming, WeightRevisionStatus
+from rolloutfleet.api.revision import (
+    Phase,
+    PodFailure,
+    PodProgress,
+    PushSessionStatus,
+    PushStatus,
+    StepTiming,
+    WeightRevisionStatus,
+)
 from rolloutfleet.planning import revisions
 from rolloutfleet.planning.transaction import Decision, Goal, Step
 
@@ -147,6 +155,8 @@ def finalized(
         conds = conditions.set_condition(conds, VERIFIED, True, "DigestsMatch", message, observed_generation=generation)
     elif conditions.find(conds, VERIFIED) is None:
         conds = conditions.set_condition(conds, VERIFIED, False, reason, message, observed_generation=generation)
+    if conditions.find(conds, SESSIONS_OPEN) is not None:  # a final revision waits for no trainer
+        conds = conditions.set_condition(conds, SESSIONS_OPEN, False, reason, message, observed_generation=generation)
     # Superseded keeps the count it had reached (those pods did serve it); failures serve it on no pod.
     updated = old.pods_total if ok else old.pods_updated if phase == Phase.SUPERSEDED else 0
     return old.model_copy(
@@ -159,6 +169,7 @@ def finalized(
             "updated": f"{updated}/{old.pods_total}",
             "completion_time": conditions.now(),
             "conditions": conds,
+            "push": None if old.push is None else old.push.model_copy(update={"sessions": []}),
         }
     )
 
@@ -171,3 +182,33 @@ def waiting_for_fleet(old: WeightRevisionStatus, message: str, generation: int) 
     return old.model_copy(
         update={"observed_generation": generation, "phase": Phase.PENDING, "message": message, "conditions": conds}
     )
+
+
+SESSIONS_OPEN = "SessionsOpen"
+
+
+def with_push(
+    status: WeightRevisionStatus,
+    *,
+    epoch: int,
+    sessions: list[PushSessionStatus],
+    generation: int,
+) -> WeightRevisionStatus:
+    """The push handshake's part of a status: the open sessions of complete epochs and ``SessionsOpen``.
+
+    The condition is what a trainer waits on; its reason names the target the sessions are for (all open
+    sessions of one pass are for one target at a time per pod, but pods may differ: draft wins only when
+    no verifier session is open, since the trainer sends the verifier first).
+    """
+    targets = {s.target for s in sessions}
+    target = "Verifier" if "verifier" in targets else "Draft" if targets else None
+    conds = conditions.set_condition(
+        list(status.conditions),
+        SESSIONS_OPEN,
+        bool(sessions),
+        f"{target}SessionsOpen" if target else "NoSessionOpen",
+        f"{len(sessions)} sessions of epoch <= {epoch} wait for the trainer" if sessions else "no session waits",
+        observed_generation=generation,
+    )
+    push = PushStatus(epoch=epoch, sessions=sorted(sessions, key=lambda s: s.pod))
+    return status.model_copy(update={"push": push, "conditions": conds})

@@ -60,11 +60,18 @@ class Served:
     """
 
     revision: int
-    verifier_path: str
+    verifier_path: str | None  # None: the trainer pushed it (nothing on a volume to re-read)
     verifier_digest: str | None = None
     draft_path: str | None = None
     draft_digest: str | None = None
     name: str | None = None
+    verifier_pushed: bool = False
+    draft_pushed: bool = False
+
+    @property
+    def pushed(self) -> bool:
+        """Some of it only the trainer can send again (a rollback to it, or a catch-up, needs the trainer)."""
+        return self.verifier_pushed or self.draft_pushed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,9 +115,11 @@ def _paths(fleet: RolloutFleetSpec, source: Revision | Served | None, mode: Upda
             revision=source.revision,
             verifier_path=source.verifier_path,
             verifier_digest=source.verifier_digest,
+            verifier_pushed=source.verifier_pushed,
             sleep_mode=sleep_mode,
             draft_path=source.draft_path if own_draft else None,
             draft_digest=source.draft_digest if own_draft else None,
+            draft_pushed=source.draft_pushed and own_draft,
             frozen_draft_path=draft.path if frozen else None,
             frozen_draft_digest=draft.digest,
         )
@@ -128,9 +137,11 @@ def _paths(fleet: RolloutFleetSpec, source: Revision | Served | None, mode: Upda
         revision=spec.revision,
         verifier_path=spec.verifier.path,
         verifier_digest=spec.verifier.digest,
+        verifier_pushed=spec.verifier.pushed,
         sleep_mode=sleep_mode,
         draft_path=None if frozen or spec.draft is None else spec.draft.path,
         draft_digest=None if spec.draft is None else spec.draft.digest,
+        draft_pushed=not frozen and spec.draft is not None and spec.draft.pushed,
         frozen_draft_path=draft.path if frozen else None,
         frozen_draft_digest=draft.digest,
     )
@@ -150,10 +161,12 @@ def serves_exactly(served: Served | None, spec: WeightRevisionSpec) -> bool:
     """The revision is what the fleet serves: same number, same sources, digests (where pinned) equal."""
     if served is None or spec.revision != served.revision or spec.verifier.path != served.verifier_path:
         return False
+    if spec.verifier.pushed != served.verifier_pushed:
+        return False
     if spec.verifier.digest is not None and spec.verifier.digest != served.verifier_digest:
         return False
     draft_path = spec.draft.path if spec.draft is not None else None
-    if draft_path != served.draft_path:
+    if draft_path != served.draft_path or (spec.draft is not None and spec.draft.pushed) != served.draft_pushed:
         return False
     return spec.draft is None or spec.draft.digest is None or spec.draft.digest == served.draft_digest
 

@@ -10,6 +10,12 @@ Mode ``sleep``:    pause(keep) → sleep(2) → wake(weights) → load verifier 
 Mode ``inflight``: pause(keep) → load verifier → load draft → verify → set weight version →
                    [reset prefix cache + resume]
 
+Pushed targets (docs/push.md) take a weight-transfer session instead of a load: open the session
+(``OpenVerifierSession``/``OpenDraftSession``) → wait for the trainer (``AwaitPush``) → end it
+(``EndSession``: finish, digest, every parameter received) — or, past the push deadline or on the
+trainer's error mark, ``AbandonSession``. A target a session failed into is destroyed: the pod is restarted
+(``RestartPod``) and caught up like a new one; it never resumes on it.
+
 The bracketed step is one composition (the scheduler must not run between them). Weights are woken only
 when the extension reports them unmapped: on vLLM 0.26 a wake of awake weights resumes a paused
 scheduler (measured on the H200), which would serve between the verifier and the draft loads. Engines
@@ -22,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from rolloutfleet.api.engine import EngineFault, EngineState, LoadResult, TargetState
+from rolloutfleet.api.engine import EngineFault, EngineState, LoadResult, PushSession, Target, TargetState
 
 INITIAL_REVISION = 0  # the weights a fleet starts with (spec.verifier.path / spec.draft.path)
 
@@ -38,7 +44,13 @@ class Step(enum.StrEnum):
     RESTORE_DRAFT = "RestoreDraft"
     SET_VERSION = "SetWeightVersion"
     RESUME = "Resume"
+    OPEN_VERIFIER_SESSION = "OpenVerifierSession"
+    OPEN_DRAFT_SESSION = "OpenDraftSession"
+    END_SESSION = "EndSession"
+    ABANDON_SESSION = "AbandonSession"
+    RESTART_POD = "RestartPod"
     DONE = "Done"
+    AWAIT_PUSH = "AwaitPush"  # a session waits for the trainer, or a pushed goal waits for the next one
     VERIFY_FAILED = "VerifyFailed"
     UNREACHABLE = "Unreachable"
     ENGINE_MISMATCH = "EngineMismatch"  # the engine is not the pair the fleet declares: no step can fix it
@@ -55,9 +67,37 @@ ACTIONS = frozenset(
         Step.RESTORE_DRAFT,
         Step.SET_VERSION,
         Step.RESUME,
+        Step.OPEN_VERIFIER_SESSION,
+        Step.OPEN_DRAFT_SESSION,
+        Step.END_SESSION,
+        Step.ABANDON_SESSION,
+        Step.RESTART_POD,
     }
 )
 LOAD_STEPS = frozenset({Step.LOAD_VERIFIER, Step.LOAD_DRAFT, Step.RESTORE_DRAFT})
+SESSION_STEPS = frozenset({Step.OPEN_VERIFIER_SESSION, Step.OPEN_DRAFT_SESSION, Step.END_SESSION, Step.ABANDON_SESSION})
+
+
+@dataclasses.dataclass(frozen=True)
+class PushMarks:
+    """What the trainer said about a pushed revision (its annotations, docs/push.md), and the session rules.
+
+    ``verifier_epoch``/``draft_epoch``: the highest epoch of sessions the trainer sent into (None: none yet);
+    ``error``: the trainer could not send (its sessions end as failed); ``deadline_s``: how long a session
+    waits for the trainer; ``can_open``: sessions may be opened (an active revision whose trainer is there,
+    not a catch-up of a served pushed revision, which only the next revision can bring).
+    """
+
+    verifier_epoch: int | None = None
+    draft_epoch: int | None = None
+    error: str | None = None
+    deadline_s: float = 120.0
+    can_open: bool = True
+
+    def sent(self, target: Target, epoch: int) -> bool:
+        """The trainer marked ``epoch`` (or a later one) of ``target`` as sent."""
+        marked = self.verifier_epoch if target == Target.VERIFIER else self.draft_epoch
+        return marked is not None and marked >= epoch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,20 +105,33 @@ class Goal:
     """The weights one engine must end up serving."""
 
     revision: int
-    verifier_path: str
+    verifier_path: str | None  # None: pushed by the trainer (verifier_pushed)
     sleep_mode: bool
     verifier_digest: str | None = None
-    draft_path: str | None = None  # co-updated draft checkpoint; None: no draft or a frozen one
+    draft_path: str | None = None  # co-updated draft checkpoint; None: no draft, a frozen or a pushed one
     draft_digest: str | None = None
+    verifier_pushed: bool = False  # the trainer sends the verifier into a weight-transfer session
+    draft_pushed: bool = False  # the trainer sends the co-updated draft
     frozen_draft_path: str | None = None  # set when the fleet's draft is frozen
     frozen_draft_digest: str | None = None
     reset_prefix_cache: bool = False  # prefix caching is on: a cache must not serve KV of old weights
     draft_method: str | None = None  # the fleet's speculative method; None: the fleet runs without a draft
+    push: PushMarks = PushMarks()  # pushed targets only: the trainer's marks and the session rules
+
+    @property
+    def pushed(self) -> bool:
+        """Some target comes from the trainer through a weight-transfer session."""
+        return self.verifier_pushed or self.draft_pushed
+
+    @property
+    def co_updates_draft(self) -> bool:
+        """The goal brings draft weights of this revision (from a path or pushed)."""
+        return self.draft_path is not None or self.draft_pushed
 
     @property
     def expects_draft(self) -> bool:
         """The pair includes a draft: the fleet declares a method, or a draft checkpoint to hold."""
-        return self.draft_method is not None or self.draft_path is not None or self.frozen_draft_path is not None
+        return self.draft_method is not None or self.co_updates_draft or self.frozen_draft_path is not None
 
     @property
     def weight_version(self) -> str:
@@ -133,7 +186,7 @@ def draft_ok(goal: Goal, state: EngineState) -> bool:
             # Untouched since start-up (never discarded) only counts where nothing ever slept.
             return not goal.sleep_mode and draft.revision is None and state.resident
         return goal.frozen_draft_digest is None or draft.digest == goal.frozen_draft_digest
-    if goal.draft_path is None:
+    if not goal.co_updates_draft:
         return True  # a draft without weights of its own (MTP): nothing to load
     if draft.revision != goal.revision or draft.digest is None:
         return False
@@ -147,7 +200,7 @@ def digest_mismatch(goal: Goal, state: EngineState) -> str | None:
         return f"verifier digest {v.digest} != expected {goal.verifier_digest}"
     if (
         d is not None
-        and goal.draft_path is not None
+        and goal.co_updates_draft
         and d.revision == goal.revision
         and d.digest is not None
         and goal.draft_digest not in (None, d.digest)
@@ -184,10 +237,14 @@ def next_step(goal: Goal, state: EngineState) -> Decision:
     if mismatch is not None:
         return Decision(Step.ENGINE_MISMATCH, mismatch)
     in_service = not state.paused and not state.sleeping
-    if at_goal(goal, state):
+    if state.session is None and not state.destroyed and at_goal(goal, state):
         return Decision(Step.DONE if in_service else Step.RESUME, "loaded and verified")
     if in_service:
         return Decision(Step.PAUSE, "serving other weights")
+    if state.session is not None:
+        return _session_step(goal, state.session)
+    if state.destroyed:
+        return Decision(Step.RESTART_POD, "a failed weight-transfer session destroyed a target: restart the pod")
     mismatch = digest_mismatch(goal, state)
     if mismatch is not None:
         return Decision(Step.VERIFY_FAILED, mismatch)
@@ -196,12 +253,39 @@ def next_step(goal: Goal, state: EngineState) -> Decision:
             return Decision(Step.SLEEP, "weights still resident: free them (level 2) before the load")
         if state.mapped is False or (state.mapped is None and goal.sleep_mode and not state.resident):
             return Decision(Step.WAKE_WEIGHTS, "weights asleep: map them before the load")
+        if goal.verifier_pushed:
+            return _open(goal, Step.OPEN_VERIFIER_SESSION, f"verifier holds revision {state.verifier.revision}")
         return Decision(Step.LOAD_VERIFIER, f"verifier holds revision {state.verifier.revision}")
     if not draft_ok(goal, state):
         if goal.frozen_draft_path is not None:
             return Decision(Step.RESTORE_DRAFT, "frozen draft discarded by the sleep")
+        if goal.draft_pushed:
+            return _open(goal, Step.OPEN_DRAFT_SESSION, "verifier verified; draft behind")
         return Decision(Step.LOAD_DRAFT, "verifier verified; draft behind")
     return Decision(Step.SET_VERSION, f"weight version {state.weight_version!r}")
+
+
+def _open(goal: Goal, step: Step, why: str) -> Decision:
+    if not goal.push.can_open:
+        return Decision(Step.AWAIT_PUSH, "pushed weights: only the trainer's next revision can bring this pod")
+    return Decision(step, f"{why}: open a session for the trainer")
+
+
+def _session_step(goal: Goal, session: PushSession) -> Decision:
+    """What to do with an open session: end it once the trainer marked its epoch, abandon it when it cannot
+    be fed any more (its update failed, another revision, the trainer's error, the deadline), else wait."""
+    where = f"{session.target} session of epoch {session.epoch}"
+    if session.error is not None:
+        return Decision(Step.END_SESSION, f"the update into the {where} failed: {session.error}")
+    if session.revision != goal.revision:
+        return Decision(Step.ABANDON_SESSION, f"the {where} is for revision {session.revision}")
+    if goal.push.sent(session.target, session.epoch):
+        return Decision(Step.END_SESSION, f"the trainer sent into the {where}")
+    if goal.push.error is not None:
+        return Decision(Step.ABANDON_SESSION, f"the trainer could not send: {goal.push.error}")
+    if session.age_s >= goal.push.deadline_s:
+        return Decision(Step.ABANDON_SESSION, f"the trainer sent nothing into the {where} in {goal.push.deadline_s:g}s")
+    return Decision(Step.AWAIT_PUSH, f"the {where} waits for the trainer ({session.tensors} tensors so far)")
 
 
 def ready_to_resume(goal: Goal, state: EngineState) -> bool:
@@ -235,6 +319,12 @@ def acknowledged(state: EngineState, step: Step, goal: Goal, load: LoadResult | 
         return dataclasses.replace(state, draft=draft, resident=True)
     if step == Step.SET_VERSION:
         return dataclasses.replace(state, weight_version=goal.weight_version)
+    if step == Step.END_SESSION and load is not None and state.session is not None:
+        received = TargetState(revision=load.revision, digest=load.digest, verified=True)
+        if load.target == Target.VERIFIER:
+            return dataclasses.replace(state, session=None, verifier=received)
+        policy = state.draft.policy if state.draft is not None else None
+        return dataclasses.replace(state, session=None, draft=dataclasses.replace(received, policy=policy))
     if step == Step.RESUME:
         return dataclasses.replace(state, paused=False, sleeping=False, sleep_level=0)
     return state

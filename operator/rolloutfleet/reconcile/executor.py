@@ -12,18 +12,27 @@ that does not go through fails the step while the engine is still paused (the pl
 again and retries it). Requests frozen by ``pause(keep)`` hold KV blocks, which makes vLLM refuse a plain
 reset, so the reset preempts them (``reset_running_requests``): their KV came from the old weights anyway,
 and vLLM recomputes it with the new ones when they are scheduled after the resume.
+
+Session steps (pushed weights, docs/push.md): opening brackets vLLM's ``/start_weight_update`` (or the
+draft's) with the extension's ``rolloutfleet_push_begin`` under the pass's epoch; ending calls vLLM's
+``/finish_weight_update`` and then ``rolloutfleet_push_end``, which verifies what was received. A session
+whose update failed is already gone from vLLM: only the extension's side is closed (and reports the
+failure). Abandoning closes both and always fails the step: the target is destroyed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import re
 import time
+from typing import Any
 
 from rolloutfleet.adapters import engine_wire
 from rolloutfleet.adapters.engine import EngineClient
-from rolloutfleet.api.engine import LoadResult, Target
+from rolloutfleet.api.engine import LoadResult, PushSession, Target
 from rolloutfleet.api.fleet import StepTimeouts
-from rolloutfleet.planning.transaction import Goal, Step
+from rolloutfleet.planning.transaction import SESSION_STEPS, Goal, Step
 
 
 class StepError(RuntimeError):
@@ -58,7 +67,52 @@ def reason_of(exc: engine_wire.EngineError) -> str:
     return "EngineError"
 
 
-async def _run(engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeouts) -> LoadResult | None:
+@dataclasses.dataclass(frozen=True)
+class SessionContext:
+    """What session steps need beyond the goal: the pass's epoch, the engine's open session, the backend's
+    ``init_info`` (``{}`` for IPC; None: nothing to initialise) and why an abandon happens."""
+
+    epoch: int = 0
+    session: PushSession | None = None
+    init_info: dict[str, Any] | None = None
+    why: str = ""
+
+
+async def _session(
+    engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeouts, ctx: SessionContext
+) -> LoadResult | None:
+    control = float(timeouts.pause_seconds)
+    if step in (Step.OPEN_VERIFIER_SESSION, Step.OPEN_DRAFT_SESSION):
+        target = Target.VERIFIER if step == Step.OPEN_VERIFIER_SESSION else Target.DRAFT
+        if ctx.init_info is not None:
+            await engine.init_weight_transfer(ctx.init_info, deadline=control)
+        await engine.push_begin(target, goal.revision, ctx.epoch, deadline=control)
+        try:
+            await engine.start_weight_update(target, deadline=control)
+        except engine_wire.EngineError:
+            # vLLM did not open its side: close ours, so the engine is not left waiting for a sender.
+            with contextlib.suppress(engine_wire.EngineError):
+                await engine.push_end(abandon=True, deadline=control)
+            raise
+        return None
+    if step == Step.END_SESSION:
+        if ctx.session is None or ctx.session.error is None:
+            await engine.finish_weight_update(deadline=float(timeouts.load_seconds))
+        return await engine.push_end(deadline=float(timeouts.verify_seconds))
+    if step == Step.ABANDON_SESSION:
+        with contextlib.suppress(engine_wire.EngineError):  # vLLM's side may be gone already
+            await engine.finish_weight_update(deadline=control)
+        with contextlib.suppress(engine_wire.EngineRPCError):  # "abandoned" is the expected answer
+            await engine.push_end(abandon=True, deadline=control)
+        raise StepError(step, "PushAbandoned", ctx.why or "the session was abandoned")
+    raise ValueError(f"{step} is not a session step")
+
+
+async def _run(
+    engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeouts, session: SessionContext
+) -> LoadResult | None:
+    if step in SESSION_STEPS:
+        return await _session(engine, step, goal, timeouts, session)
     pause = float(timeouts.pause_seconds)  # pause(keep) and the resume composition's reset and resume
     wake = float(timeouts.wake_seconds)  # each wake_up
     load = float(timeouts.load_seconds)  # each load or restore
@@ -69,6 +123,7 @@ async def _run(engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeo
     elif step == Step.WAKE_WEIGHTS:
         await engine.wake_up(["weights"], deadline=wake)
     elif step == Step.LOAD_VERIFIER:
+        assert goal.verifier_path is not None
         return await engine.load(Target.VERIFIER, goal.verifier_path, goal.revision, deadline=load)
     elif step == Step.LOAD_DRAFT:
         assert goal.draft_path is not None
@@ -90,12 +145,13 @@ async def _run(engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeo
 
 
 async def execute(
-    engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeouts
+    engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeouts, session: SessionContext | None = None
 ) -> tuple[float, LoadResult | None]:
-    """Run one step; return its duration in seconds and a load's result, or raise ``StepError``."""
+    """Run one step; return its duration in seconds and a load's (or a session's) result, or raise
+    ``StepError``."""
     started = time.perf_counter()
     try:
-        load = await _run(engine, step, goal, timeouts)
+        load = await _run(engine, step, goal, timeouts, session or SessionContext())
     except engine_wire.EngineError as exc:
         raise StepError(step, reason_of(exc), str(exc)) from exc
     return time.perf_counter() - started, load

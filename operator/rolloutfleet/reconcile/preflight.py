@@ -41,9 +41,12 @@ class Refusal:
 
 async def check(goal: Goal, pods: Sequence[str], clients: Mapping[str, EngineClient], deadline: float) -> list[Refusal]:
     """Ask every engine about the goal's checkpoints; the refusals about the checkpoints (empty: go)."""
-    targets = [(Target.VERIFIER, goal.verifier_path)]
+    # Pushed targets have no checkpoint to check: the trainer's digest and the session verify them.
+    targets = [(Target.VERIFIER, goal.verifier_path)] if goal.verifier_path is not None else []
     if goal.draft_path is not None:
         targets.append((Target.DRAFT, goal.draft_path))
+    if not targets:
+        return []
     limit = asyncio.Semaphore(CONCURRENCY)
 
     async def one(pod: str, target: Target, path: str) -> Refusal | None:

@@ -30,7 +30,7 @@ from rolloutfleet.api.fleet import RolloutFleetSpec
 from rolloutfleet.api.revision import ParityProbe, ParityProbeResult, Phase, PodFailure
 from rolloutfleet.planning import failures, revision_status, revisions, rollout, transaction, verification
 from rolloutfleet.planning.transaction import Decision, Goal, Step
-from rolloutfleet.reconcile import executor, gates, preflight, probe
+from rolloutfleet.reconcile import executor, gates, preflight, probe, push
 from rolloutfleet.reconcile import fleet as fleet_reconcile
 from rolloutfleet.reconcile import status_writes as writes
 from rolloutfleet.reconcile.context import FleetMemory, OperatorContext
@@ -85,9 +85,15 @@ class RolloutPass:
         self.pods, self.clients, self.interrupted = pods, clients, interrupted
         self.order = pods.order
         assert sel.goal is not None
-        self.goal: Goal = sel.goal
-        self.kept = revisions.served_goal(spec, sel.served)  # pods on it may keep serving meanwhile
         self.rev = sel.active
+        self.goal: Goal = push.goal_with_marks(sel.goal, spec, self.rev, rolling_back=sel.rolling_back)
+        self.kept = revisions.served_goal(spec, sel.served)  # pods on it may keep serving meanwhile
+        # Pushed weights: the newest epoch of sessions opened (the status keeps it across operator restarts)
+        # and the epochs whose sessions are still being opened (not published before they are complete).
+        self.push_epoch = push.recorded_epoch(self.rev)
+        self.opening: dict[int, set[str]] = {}
+        self.pod_epoch: dict[str, int] = {}
+        self.restarted: set[str] = set()
         total = max(1, len(self.order) + len(pods.starting))
         self.plan = revisions.plan_budget(spec, sel.active, total)
         self.loads = asyncio.Semaphore(self.plan.max_concurrent_loads or max(1, len(self.order)))
@@ -128,6 +134,8 @@ class RolloutPass:
                 f"({self.plan.mode.value}, {self.plan.rollout.value})",
             )
         try:
+            if await self._rollback_impossible():
+                return PassOutcome(again=True, idle=False)
             if await self._preflight_refused():
                 return PassOutcome(again=True, idle=False)
             return await self._iterations()
@@ -155,6 +163,18 @@ class RolloutPass:
                 t["steps"],
                 t["status"],
             )
+
+    async def _rollback_impossible(self) -> bool:
+        """A rollback to pushed weights cannot happen without the trainer: fail it at once, pods stay out of
+        service (they wait for the next revision) rather than wait for a sender that will not come."""
+        if self.rev is None or not self.sel.rolling_back or not self.goal.pushed:
+            return False
+        message = (
+            f"cannot roll back: revision {self.goal.revision} was pushed by the trainer and no path can bring it "
+            f"back; pods that moved stay out of service until the next revision ({self.rev.status.message or ''})"
+        )
+        await writes.finalize(self.ctx, self.rev, Phase.FAILED, "RollbackImpossible", message[:1024], warn=True)
+        return True
 
     async def _preflight_refused(self) -> bool:
         """Before a revision's first step: the engines check its checkpoints (``reconcile.preflight``).
@@ -226,9 +246,18 @@ class RolloutPass:
             if unread:
                 self.stale |= unread
                 chosen = {p: d for p, d in chosen.items() if p not in unread}
+            opens = [p for p, d in chosen.items() if d.step in push.OPEN_STEPS]
+            if opens:  # one epoch per set of sessions opened together (docs/push.md, "Handshake")
+                self.push_epoch = push.next_epoch(self.push_epoch, self.states.values())
+                self.opening[self.push_epoch] = set(opens)
+                self.pod_epoch.update(dict.fromkeys(opens, self.push_epoch))
             for pod, decision in chosen.items():
                 self.fresh.discard(pod)
                 self.inflight[pod] = asyncio.create_task(self._step(pod, decision))
+            if self.restarted and not self.inflight:
+                # Restarted pods come back on the initial weights, as new pods: the next pass lists them.
+                await self._write_status(force=True)
+                return PassOutcome(again=True, idle=False)
             if not self.inflight:
                 if unread:
                     continue
@@ -377,9 +406,18 @@ class RolloutPass:
         if decision.step == Step.PAUSE:
             # Out of the Service first: new requests go to pods that keep serving while this one moves.
             await self._route(pod, False, "Updating", f"moving to revision {self.goal.revision}")
+        if decision.step == Step.RESTART_POD:
+            await self._restart(pod, decision.reason)
+            return
+        session = executor.SessionContext(
+            epoch=self.pod_epoch.get(pod, 0),
+            session=self.states[pod].session,
+            init_info=push.init_info(self.spec),
+            why=decision.reason,
+        )
         try:
             async with limit:
-                seconds, load = await executor.execute(self.clients[pod], decision.step, self.goal, timeouts)
+                seconds, load = await executor.execute(self.clients[pod], decision.step, self.goal, timeouts, session)
         except executor.StepError as exc:
             self._fail(pod, exc.reason, str(exc))
             self.stale.add(pod)  # after a failure, only the engine can say where it is
@@ -387,6 +425,10 @@ class RolloutPass:
             log.warning("pod %s: %s", pod, exc)
             await asyncio.sleep(min(2.0, 0.1 * 2 ** self._attempts(pod)))  # back off before the retry
             return
+        finally:
+            self._opened(pod)
+        if decision.step in push.OPEN_STEPS:
+            self.stale.add(pod)  # the session's epoch and clock are the engine's: read them back
         self.states[pod] = transaction.acknowledged(self.states[pod], decision.step, self.goal, load)
         if decision.step == Step.RESUME:
             await self._route(pod, True, "Serving", f"serves revision {self.goal.revision}, verified")
@@ -394,6 +436,29 @@ class RolloutPass:
         self.ctx.metrics.step_duration.labels(*self.fleet_labels, decision.step.value, self.plan.mode.value).observe(
             seconds
         )
+
+    def _opened(self, pod: str) -> None:
+        """The pod's open step ended (either way): its epoch is complete once no pod of it is still opening."""
+        epoch = self.pod_epoch.pop(pod, None)
+        if epoch is not None and epoch in self.opening:
+            self.opening[epoch].discard(pod)
+            if not self.opening[epoch]:
+                del self.opening[epoch]
+
+    async def _restart(self, pod: str, why: str) -> None:
+        """Delete the pod whose target a failed session destroyed (only a new engine process repairs it)."""
+        body = self.pods.bodies.get(pod)
+        if body is None:
+            return
+        namespace = str(body["metadata"]["namespace"])
+        try:
+            await self.ctx.kube.delete("v1", "Pod", namespace, pod)
+        except KubeError as exc:
+            self._fail(pod, "RestartFailed", f"could not delete the pod: {exc}")
+            return
+        self.restarted.add(pod)
+        log.warning("pod %s restarted: %s", pod, why)
+        await self.ctx.kube.event(body, "Warning", "EngineRestarted", f"{why}; the pod is recreated and caught up")
 
     async def _route(self, pod: str, value: bool, reason: str, message: str) -> None:
         """Open or close the pod to traffic (its gate and its engine's admission: ``reconcile.gates``)."""
@@ -477,6 +542,13 @@ class RolloutPass:
         )
         if self.probe_result is not None:
             new = new.model_copy(update={"parity_probe": self.probe_result})
+        if self.goal.pushed:
+            new = revision_status.with_push(
+                new,
+                epoch=max((e for e in [self.push_epoch] if e not in self.opening), default=0),
+                sessions=push.published_sessions(self.states, self.opening, self.pods.bodies, self.spec.port),
+                generation=writes.generation(self.rev.body),
+            )
         await writes.write_revision(self.ctx, self.rev, new)
 
     def _schedule_fleet_status(self) -> None:
@@ -507,7 +579,7 @@ class RolloutPass:
         states = [self.states[p] for p in self.order]
         verifier = goal.verifier_digest or next((s.verifier.digest for s in states if s.verifier.digest), None)
         draft_digest = goal.draft_digest
-        if goal.draft_path is not None and draft_digest is None:
+        if (goal.draft_path is not None or goal.draft_pushed) and draft_digest is None:
             draft_digest = next((s.draft.digest for s in states if s.draft is not None and s.draft.digest), None)
         return revisions.Served(
             revision=goal.revision,
@@ -516,6 +588,8 @@ class RolloutPass:
             draft_path=goal.draft_path,
             draft_digest=draft_digest,
             name=self.rev.name if self.rev is not None else None,
+            verifier_pushed=goal.verifier_pushed,
+            draft_pushed=goal.draft_pushed,
         )
 
     async def _finish(self) -> PassOutcome:
@@ -569,6 +643,21 @@ class RolloutPass:
         if self.sel.rolling_back:
             message = f"rollback failed, pods left paused: {summary}"
             await writes.finalize(self.ctx, rev, Phase.FAILED, "RollbackFailed", message, warn=True)
+            return PassOutcome(again=False, idle=False)
+        if self.sel.served is not None and self.sel.served.pushed:
+            message = (
+                f"{summary}; no rollback: revision {self.sel.current_number} was pushed by the trainer and no path "
+                "can bring it back; pods that moved stay out of service until the next revision"
+            )
+            await writes.finalize(
+                self.ctx,
+                rev,
+                Phase.FAILED,
+                "RollbackImpossible",
+                message[:1024],
+                warn=True,
+                failures=failures.bounded(pod_failures),
+            )
             return PassOutcome(again=False, idle=False)
         self.ctx.metrics.rollbacks.labels(*self.fleet_labels).inc(len(self.order))
         new = revision_status.rolling_back(

@@ -121,8 +121,10 @@ def served_wire(served: revisions.Served, since: str) -> dict[str, Any]:
         "revision": served.revision,
         "name": served.name,
         "verifierPath": served.verifier_path,
+        "verifierPushed": served.verifier_pushed or None,
         "verifierDigest": served.verifier_digest,
         "draftPath": served.draft_path,
+        "draftPushed": served.draft_pushed or None,
         "draftDigest": served.draft_digest,
         "since": since,
     }
@@ -132,15 +134,20 @@ def served_wire(served: revisions.Served, since: str) -> dict[str, Any]:
 def served_from_status(status: Manifest) -> revisions.Served | None:
     """The record a fleet status holds of what it serves (None: its initial weights, or no record)."""
     raw = status.get("served")
-    if not isinstance(raw, dict) or not isinstance(raw.get("revision"), int) or not raw.get("verifierPath"):
+    if not isinstance(raw, dict) or not isinstance(raw.get("revision"), int):
+        return None
+    pushed = raw.get("verifierPushed") is True
+    if not raw.get("verifierPath") and not pushed:
         return None
     return revisions.Served(
         revision=raw["revision"],
-        verifier_path=str(raw["verifierPath"]),
+        verifier_path=None if pushed else str(raw["verifierPath"]),
         verifier_digest=raw.get("verifierDigest"),
         draft_path=raw.get("draftPath"),
         draft_digest=raw.get("draftDigest"),
         name=raw.get("name"),
+        verifier_pushed=pushed,
+        draft_pushed=raw.get("draftPushed") is True,
     )
 
 
@@ -165,4 +172,6 @@ def served_of(status: Manifest, revs: list[revisions.Revision]) -> revisions.Ser
         draft_path=spec.draft.path if spec.draft is not None else None,
         draft_digest=spec.draft.digest if spec.draft is not None else None,
         name=rev.name,
+        verifier_pushed=spec.verifier.pushed,
+        draft_pushed=spec.draft is not None and spec.draft.pushed,
     )

@@ -34,6 +34,14 @@ def speculative_config(spec: RolloutFleetSpec) -> dict[str, object] | None:
     return config
 
 
+def weight_transfer_config(spec: RolloutFleetSpec) -> dict[str, object] | None:
+    """vLLM's ``--weight-transfer-config`` payload, or None when the fleet takes no pushed revisions."""
+    transfer = spec.weight_transfer
+    if transfer is None:
+        return None
+    return {"backend": transfer.backend.value}
+
+
 def parity_args(spec: RolloutFleetSpec) -> list[str]:
     """The RL parity profile's flags (empty when the profile is off)."""
     parity = spec.parity
@@ -71,6 +79,9 @@ def engine_args(spec: RolloutFleetSpec) -> list[str]:
     config = speculative_config(spec)
     if config is not None:
         args += [flags.SPECULATIVE_CONFIG, json.dumps(config, separators=(",", ":"), sort_keys=True)]
+    transfer = weight_transfer_config(spec)
+    if transfer is not None:
+        args += [flags.WEIGHT_TRANSFER_CONFIG, json.dumps(transfer, separators=(",", ":"), sort_keys=True)]
     args += parity_args(spec)
     args += spec.extra_args
     return args
@@ -98,5 +109,7 @@ def engine_env(spec: RolloutFleetSpec) -> list[dict[str, str]]:
         env.append({"name": ENV_DRAFT_PATH, "value": spec.draft.path})
     if spec.parity.enabled and spec.parity.batch_invariant:
         env.append({"name": flags.ENV_BATCH_INVARIANT, "value": "1"})
+    if spec.weight_transfer is not None and spec.weight_transfer.backend == fleet.TransferBackend.IPC:
+        env.append({"name": flags.ENV_INSECURE_SERIALIZATION, "value": "1"})
     env += [{"name": e.name, "value": e.value} for e in spec.env]
     return env

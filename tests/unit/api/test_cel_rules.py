@@ -238,3 +238,16 @@ def test_allowed_root_colon_refused_by_cel() -> None:
     root_rules = rules(FLEET_ROOT, "spec.weights.allowedRoots.[]")
     assert all_hold(root_rules, "/weights/p")
     assert not all_hold(root_rules, "/weights/x:/")
+
+
+def test_source_is_a_path_or_a_push_never_both_and_a_push_has_a_digest() -> None:
+    # The API server refuses what the operator could not act on: a source with both or neither, and a push
+    # without the trainer's digest (nothing would verify what arrives).
+    source_rules = [r for r in rules(WREV_ROOT, "spec.verifier") if "oldSelf" not in r]
+    digest = "blake3:" + "1" * 64
+    assert all_hold(source_rules, {"path": "/w/v"})
+    assert all_hold(source_rules, {"push": {}, "digest": digest})
+    assert not all_hold(source_rules, {"push": {}})
+    assert not all_hold(source_rules, {"push": {}, "path": "/w/v", "digest": digest})
+    assert not all_hold(source_rules, {"digest": digest})
+    assert rules(WREV_ROOT, "spec.draft") == rules(WREV_ROOT, "spec.verifier")

@@ -446,3 +446,55 @@ def test_allowed_root_with_colon_refused() -> None:
     # `/weights/x:/` would reach the engine as the two roots `/weights/x` and `/`.
     errors = fleet_errors(patched(BASE_FLEET, "weights.allowedRoots", ["/weights/p", "/weights/x:/"]))
     assert any(e.startswith("spec.weights.allowedRoots[1]: must not contain ':'") for e in errors), errors
+
+
+# --- pushed sources (docs/push.md): refused with a field path, nothing moves -------------------------------
+
+PUSH_FLEET = patched(BASE_FLEET, "weightTransfer", {"backend": "ipc"})
+PUSHED = {"push": {}, "digest": "blake3:" + "1" * 64}
+
+
+def test_pushed_revision_on_a_transfer_fleet_is_valid() -> None:
+    rev = patched(patched(BASE_REV, "verifier", PUSHED), "draft", PUSHED)
+    assert revision_errors(rev, PUSH_FLEET) == []
+    mixed = patched(BASE_REV, "draft", PUSHED)  # a path verifier with a pushed draft
+    assert revision_errors(mixed, PUSH_FLEET) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "fleet", "expected"),
+    [
+        ("verifier", PUSHED, BASE_FLEET, "spec.verifier.push: the fleet has no spec.weightTransfer"),
+        ("draft", PUSHED, BASE_FLEET, "spec.draft.push: the fleet has no spec.weightTransfer"),
+        ("verifier", {"push": {}}, PUSH_FLEET, "spec.verifier.digest: is required with push"),
+        ("verifier", {"push": {}, "path": "/weights/p/v", "digest": PUSHED["digest"]}, PUSH_FLEET, "exactly one"),
+        ("verifier", {"digest": PUSHED["digest"]}, PUSH_FLEET, "spec.verifier: set exactly one of path and push"),
+        (
+            "verifier",
+            PUSHED,
+            patched(BASE_FLEET, "weightTransfer", {"backend": "nccl"}),
+            "spec.verifier.push: pushes over NCCL are not supported",
+        ),
+    ],
+)
+def test_bad_push_sources_name_their_field(path: str, value: Any, fleet: dict[str, Any], expected: str) -> None:
+    errors = revision_errors(patched(BASE_REV, path, value), fleet)
+    assert any(expected in e for e in errors), errors
+
+
+def test_pushed_draft_for_a_fleet_without_a_draft_refused() -> None:
+    fleet = patched(patched(PUSH_FLEET, "draft", {"method": "none"}), "draft.path", REMOVE)
+    errors = revision_errors(patched(BASE_REV, "draft", PUSHED), fleet)
+    assert any(e.startswith("spec.draft: the fleet has no draft") for e in errors), errors
+
+
+def test_nccl_options_only_with_nccl() -> None:
+    errors = fleet_errors(patched(BASE_FLEET, "weightTransfer", {"backend": "ipc", "nccl": {"port": 29600}}))
+    assert any(e.startswith("spec.weightTransfer.nccl: is only used with backend nccl") for e in errors), errors
+
+
+def test_weight_transfer_flag_and_insecure_serialization_env_are_the_operators() -> None:
+    errors = fleet_errors(patched(PUSH_FLEET, "extraArgs", ["--weight-transfer-config", '{"backend":"nccl"}']))
+    assert any("spec.extraArgs" in e for e in errors), errors
+    errors = fleet_errors(patched(BASE_FLEET, "env", [{"name": "VLLM_ALLOW_INSECURE_SERIALIZATION", "value": "1"}]))
+    assert any("VLLM_ALLOW_INSECURE_SERIALIZATION" in e for e in errors), errors

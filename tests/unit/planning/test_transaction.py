@@ -132,7 +132,14 @@ def test_engines_without_weight_versions_skip_the_version_step() -> None:
 def test_every_action_is_an_action() -> None:
     from rolloutfleet.planning.transaction import ACTIONS
 
-    verdicts = {Step.DONE, Step.VERIFY_FAILED, Step.UNREACHABLE, Step.ENGINE_MISMATCH, Step.ENGINE_ERROR}
+    verdicts = {
+        Step.DONE,
+        Step.VERIFY_FAILED,
+        Step.UNREACHABLE,
+        Step.ENGINE_MISMATCH,
+        Step.ENGINE_ERROR,
+        Step.AWAIT_PUSH,  # a wait for the trainer, not something the operator does to the engine
+    }
     assert set(Step) - verdicts == ACTIONS
 
 

@@ -154,3 +154,18 @@ def test_children_are_owned_and_labelled() -> None:
         assert meta["ownerReferences"][0]["uid"] == OWNER.uid and meta["ownerReferences"][0]["controller"] is True
         assert meta["labels"]["rolloutfleet.io/fleet"] == "policy"
         assert "rolloutfleet.io/spec-hash" in meta["annotations"]
+
+
+def test_weight_transfer_backend_reaches_the_engine() -> None:
+    # Pushed revisions need vLLM started with the backend (the session routes refuse otherwise), and IPC
+    # needs vLLM to unpickle the CUDA IPC handles it receives; a fleet without pushes gets neither.
+    from rolloutfleet.resources import command
+
+    ipc, errors = validation.parse_fleet_spec({**FLEETS["minimal"], "weightTransfer": {"backend": "ipc"}})
+    assert ipc is not None, errors
+    args = command.engine_args(ipc)
+    assert args[args.index("--weight-transfer-config") + 1] == '{"backend":"ipc"}'
+    assert {"name": "VLLM_ALLOW_INSECURE_SERIALIZATION", "value": "1"} in command.engine_env(ipc)
+    plain = spec_of("minimal")
+    assert "--weight-transfer-config" not in command.engine_args(plain)
+    assert all(e["name"] != "VLLM_ALLOW_INSECURE_SERIALIZATION" for e in command.engine_env(plain))
