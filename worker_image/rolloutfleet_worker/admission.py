@@ -10,6 +10,11 @@ the operator earlier) is still True, so a probe on ``/health`` alone would route
 until the operator notices. Admission lives in this process's memory only, so a restarted container starts
 un-admitted and stays out of the Service until the operator has looked at it again.
 
+Every answer names this process (``instance``, random per process). The operator reads it *before* it
+reads the weights, and an admit that names another instance is refused (409): an operator that looked at
+one process never admits the next one, which came up on its initial checkpoint at the same address (a
+container restart, or a pod recreated under the same name and IP) between the look and the admit.
+
 One ``Admission`` per middleware instance, i.e. per API server process; one event loop uses it.
 """
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
@@ -40,11 +46,16 @@ class BodyError(ValueError):
     """A request body the admit route refuses (400)."""
 
 
+class InstanceMismatch(ValueError):
+    """An admit for another engine process than this one (409)."""
+
+
 class Admission:
     """The admission of this process. ``clock`` is wall-clock seconds (``since`` is a Unix time)."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
+        self.instance = secrets.token_hex(8)
         self.admitted = False
         self.revision: int | None = None
         self.since: float | None = None
@@ -64,24 +75,31 @@ class Admission:
     def report(self) -> dict[str, Any]:
         """The body of every admission answer: ``{"admitted": false}`` or ``{"admitted": true, ...}``."""
         if not self.admitted:
-            return {"admitted": False}
-        return {"admitted": True, "revision": self.revision, "since": self.since}
+            return {"admitted": False, "instance": self.instance}
+        return {"admitted": True, "revision": self.revision, "since": self.since, "instance": self.instance}
 
 
 def parse_revision(raw: bytes) -> int | None:
     """The ``revision`` of an admit body: a JSON object whose ``revision`` is a non-negative int or null."""
+    return parse_admit(raw)[0]
+
+
+def parse_admit(raw: bytes) -> tuple[int | None, str | None]:
+    """(``revision``, ``instance``) of an admit body; ``instance`` (optional) names the process meant."""
     try:
         body = json.loads(raw) if raw.strip() else None
     except (ValueError, UnicodeDecodeError):
         raise BodyError("the body is not JSON") from None
     if not isinstance(body, dict) or "revision" not in body:
         raise BodyError('the body must be a JSON object {"revision": <int or null>}')
-    revision = body["revision"]
+    revision, instance = body["revision"], body.get("instance")
+    if instance is not None and (not isinstance(instance, str) or not instance or len(instance) > 64):
+        raise BodyError("instance must be a non-empty string of at most 64 characters")
     if revision is None:
-        return None
+        return None, instance
     if isinstance(revision, bool) or not isinstance(revision, int) or revision < 0:
         raise BodyError("revision must be a non-negative integer or null")
-    return revision
+    return revision, instance
 
 
 async def serve_ready(admission: Admission, scope: Scope, send: Send) -> None:
@@ -108,9 +126,13 @@ async def serve_control(admission: Admission, scope: Scope, receive: Receive, se
         admission.withdraw()  # any body is ignored: withdrawing never needs a reason
     else:
         try:
-            revision = parse_revision(raw)
+            revision, instance = parse_admit(raw)
         except BodyError as exc:
             await reply(send, 400, _error(400, "BadRequestError", str(exc)))
+            return
+        if instance is not None and instance != admission.instance:
+            message = f"this is engine process {admission.instance}, not {instance}: observe it again"
+            await reply(send, 409, _error(409, "Conflict", message))
             return
         admission.admit(revision)
     await reply(send, 200, admission.report())

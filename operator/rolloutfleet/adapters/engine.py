@@ -405,15 +405,26 @@ class EngineClient:
         connection, no answer in time, 502/503/504 after retries), unauthorized (401/403), protocol (an
         answer outside the contract), extension (``ok: false``, with its code) or inconsistent (ranks
         disagree). Anything that is not an engine error (a bug) propagates. ``deadline`` bounds each read.
+
+        The admission (with the process's ``instance``) is read first, alone: the instance then names a
+        process at least as old as the weights read after it, so an admit that names it can never admit a
+        newer process that came up on other weights at the same address (it refuses: 409).
         """
-        reads = await asyncio.gather(
-            self.is_paused(deadline=deadline),
-            self.is_sleeping(deadline=deadline),
-            self._weight_info_or_absent(deadline),
-            self.extension_state(deadline=deadline),
-            self.admitted(deadline=deadline),
-            return_exceptions=True,
-        )
+        admission: Any
+        try:
+            admission = await self.admission(deadline=deadline)
+        except wire.EngineError as exc:
+            admission = exc
+        reads: list[Any] = [
+            *await asyncio.gather(
+                self.is_paused(deadline=deadline),
+                self.is_sleeping(deadline=deadline),
+                self._weight_info_or_absent(deadline),
+                self.extension_state(deadline=deadline),
+                return_exceptions=True,
+            ),
+            admission,
+        ]
         failures = [r for r in reads if isinstance(r, BaseException)]
         for failure in failures:
             if not isinstance(failure, wire.EngineError):
@@ -424,7 +435,8 @@ class EngineClient:
             if fault == api.EngineFault.UNREACHABLE:
                 self._unversioned.pop(self.base_url, None)  # it may come back as another vLLM release
             return api.EngineState.failed(fault, str(error))
-        paused, sleeping, version, states, admitted = reads
+        paused, sleeping, version, states, answer = reads
+        admitted, instance = cast(tuple[bool | None, str | None], answer)
         versioned = version is not _NO_VERSIONS
         state = state_from_wire(
             paused=cast(bool, paused),
@@ -432,26 +444,36 @@ class EngineClient:
             weight_version=cast(str | None, version) if versioned else None,
             states=cast(list[wire.StateResult], states),
         )
-        return dataclasses.replace(state, versioned=versioned, admitted=cast(bool | None, admitted))
+        return dataclasses.replace(state, versioned=versioned, admitted=admitted, instance=instance)
 
     # --- admission: the readiness probe's answer (worker_image/README.md, "Admission") ----------------
 
     async def admitted(self, *, deadline: float | None = None) -> bool | None:
         """Whether this engine process was admitted (its readiness probe passes); None: an image without
         the admission routes (404), whose readiness is ``/health`` alone."""
+        return (await self.admission(deadline=deadline))[0]
+
+    async def admission(self, *, deadline: float | None = None) -> tuple[bool | None, str | None]:
+        """(admitted, instance): ``admitted()`` and the engine process's ``instance`` (None when the image
+        does not name its processes)."""
         try:
             body = await self._call("GET", READY_PATH, step="ready", deadline=deadline)
         except EngineHTTPError as exc:
             if exc.status == 404:
-                return None
+                return None, None
             if exc.status == 503 and isinstance(exc.body, dict) and exc.body.get("admitted") is False:
-                return False  # a real answer (not admitted), not an overloaded engine
+                return False, _instance(exc.body)  # a real answer (not admitted), not an overloaded engine
             raise
-        return bool(_field(body, "admitted", bool, self.base_url, "ready"))
+        return bool(_field(body, "admitted", bool, self.base_url, "ready")), _instance(body)
 
-    async def admit(self, revision: int | None, *, deadline: float | None = None) -> None:
-        """Let the readiness probe pass: the operator verified that this process serves ``revision``."""
-        await self._call("POST", ADMIT_PATH, step="admit", json={"revision": revision}, deadline=deadline)
+    async def admit(self, revision: int | None, *, instance: str | None = None, deadline: float | None = None) -> None:
+        """Let the readiness probe pass: the operator verified that this process serves ``revision``.
+
+        ``instance`` (from the observation the decision came from) makes another process refuse (409)."""
+        body: dict[str, Any] = {"revision": revision}
+        if instance is not None:
+            body["instance"] = instance
+        await self._call("POST", ADMIT_PATH, step="admit", json=body, deadline=deadline)
 
     async def withdraw(self, *, deadline: float | None = None) -> None:
         """Fail the readiness probe from now on (before the engine leaves the fleet's weights)."""
@@ -733,6 +755,11 @@ class EnginePool:
 
     def for_address(self, ip: str, port: int = 8000) -> EngineClient:
         return self.client(f"http://{ip}:{port}")
+
+
+def _instance(body: Any) -> str | None:
+    value = body.get("instance") if isinstance(body, dict) else None
+    return value if isinstance(value, str) and value else None
 
 
 def _or(deadline: float | None, fallback: float) -> float:

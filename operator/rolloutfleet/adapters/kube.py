@@ -228,9 +228,18 @@ class Kube:
         """Merge-patch labels onto an object's metadata (the other fields are left alone)."""
         return await self._patch(api_version, kind, namespace, name, {"metadata": {"labels": labels}})
 
-    async def patch_pod_condition(self, namespace: str, name: str, condition: Manifest) -> Manifest:
-        """Set one condition on a pod's status (strategic merge: conditions merge by ``type``)."""
-        body = {"status": {"conditions": [condition]}}
+    async def patch_pod_condition(
+        self, namespace: str, name: str, condition: Manifest, *, uid: str | None = None
+    ) -> Manifest:
+        """Set one condition on a pod's status (strategic merge: conditions merge by ``type``).
+
+        ``uid``: the pod meant. A pod recreated under the same name (a StatefulSet replacing it) has
+        another uid, and the API server refuses the patch (409 Conflict, as a precondition) instead of
+        setting the condition on a pod nobody looked at.
+        """
+        body: Manifest = {"status": {"conditions": [condition]}}
+        if uid is not None:
+            body["metadata"] = {"uid": uid}
         return await self._patch("v1", "Pod", namespace, name, body, subresource="status", strategic=True)
 
     async def _patch(

@@ -103,6 +103,7 @@ class EngineState:
     fault: EngineFault | None = None  # set exactly when reachable is False
     admitted: bool | None = None  # the process's readiness probe passes; None: an image without admission
     session: PushSession | None = None  # an open weight-transfer session (pushed revisions)
+    instance: str | None = None  # the engine process that answered (admission names it; None: not named)
 
     @classmethod
     def unreachable(cls, error: str) -> EngineState:

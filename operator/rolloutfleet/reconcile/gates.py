@@ -54,7 +54,7 @@ def serves_initial(state: EngineState, goal: Goal | None) -> bool:
 async def set_gate(ctx: OperatorContext, pod: Manifest, value: bool, reason: str, message: str) -> bool:
     """Set the gate on ``pod`` when it differs from what the pod shows; True when written.
 
-    A pod deleted meanwhile (404) is skipped: its replacement starts with the gate unset (not Ready).
+    A pod deleted or replaced meanwhile is skipped: its replacement starts with the gate unset (not Ready).
     """
     if gate_value(pod) == value:
         return False
@@ -68,9 +68,11 @@ async def set_gate(ctx: OperatorContext, pod: Manifest, value: bool, reason: str
         "lastTransitionTime": now,
     }
     try:
-        await ctx.kube.patch_pod_condition(meta["namespace"], meta["name"], condition)
+        await ctx.kube.patch_pod_condition(meta["namespace"], meta["name"], condition, uid=meta.get("uid"))
     except KubeError as exc:
-        if exc.status == 404:
+        # 404: deleted; 409/422: replaced by a pod of the same name (another uid), which starts with the
+        # gate unset: it is not the pod this decision was made for.
+        if exc.status in (404, 409, 422):
             return False
         raise
     conditions = [c for c in (pod.setdefault("status", {}).get("conditions") or []) if c.get("type") != CONDITION]
@@ -89,7 +91,16 @@ async def open_for(
     await set_gate(ctx, pod, True, reason, message)
     if state.admitted is False:
         try:
-            await client.admit(state.verifier.revision)
+            await client.admit(state.verifier.revision, instance=state.instance)
+        except engine_wire.EngineHTTPError as exc:
+            if exc.status != 409:
+                log.warning("pod %s: not admitted: %s", pod["metadata"]["name"], exc)
+                return state
+            # Another process than the one observed answers there now (it restarted): it stays out.
+            log.warning(
+                "pod %s: not admitted: the engine process changed since it was observed", pod["metadata"]["name"]
+            )
+            return state
         except engine_wire.EngineError as exc:
             log.warning("pod %s: not admitted: %s", pod["metadata"]["name"], exc)
             return state

@@ -165,14 +165,24 @@ class FakeKube:
             obj["metadata"]["resourceVersion"] = str(next(self._rv))
         return copy.deepcopy(obj)
 
-    async def patch_pod_condition(self, namespace: str, name: str, condition: Manifest) -> Manifest:
-        """Strategic-merge one pod condition (conditions merge by ``type``); the kubelet recomputes Ready."""
+    async def patch_pod_condition(
+        self, namespace: str, name: str, condition: Manifest, *, uid: str | None = None
+    ) -> Manifest:
+        """Strategic-merge one pod condition (conditions merge by ``type``); the kubelet recomputes Ready.
+
+        A ``uid`` other than the pod's is refused with 409, as the API server refuses a patch whose
+        metadata.uid names another object (a precondition)."""
         await self._call(
             "patch", FakeCall("patch_status", "Pod", namespace, name, {"status": {"conditions": [condition]}})
         )
         obj = self.objects.get(("v1", "Pod", namespace, name))
         if obj is None:
             raise KubeError(404, f'pods "{name}" not found')
+        if uid is not None and obj["metadata"].get("uid") != uid:
+            raise KubeError(
+                409,
+                f"Precondition failed: UID in precondition: {uid}, UID in object meta: {obj['metadata'].get('uid')}",
+            )
         before = copy.deepcopy(obj.get("status"))
         _set_condition(obj, copy.deepcopy(condition))
         _kubelet_ready(obj)

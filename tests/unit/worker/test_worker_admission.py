@@ -27,6 +27,12 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 READY, ADMIT, WITHDRAW = admission.READY_PATH, admission.ADMIT_PATH, admission.WITHDRAW_PATH
 
 
+def plain(body: dict[str, Any]) -> dict[str, Any]:
+    """An admission answer without its ``instance`` (random per process; tested on its own)."""
+    assert isinstance(body.pop("instance"), str)
+    return body
+
+
 class WallClock:
     def __init__(self) -> None:
         self.now = 1_760_000_000.0
@@ -81,7 +87,7 @@ async def test_a_new_process_is_not_ready_and_the_probe_needs_no_token(client: h
     """kubelet probes carry no token: the route must answer without one, and say "not yet" (503)."""
     for headers in ({}, {"Authorization": "Bearer wrong"}, AUTH):
         r = await client.get(READY, headers=headers)
-        assert r.status_code == 503 and r.json() == {"admitted": False}
+        assert r.status_code == 503 and plain(r.json()) == {"admitted": False}
         assert r.headers["cache-control"] == "no-store"
     assert (await client.get("/health")).status_code == 200  # liveness and startup probes are unchanged
     assert inner.seen == ["/health"]  # readiness never reached vLLM (no engine call)
@@ -100,7 +106,7 @@ async def test_admission_changes_need_the_token(client: httpx.AsyncClient, inner
 async def test_admit_then_withdraw(client: httpx.AsyncClient, inner: Inner, clock: WallClock) -> None:
     r = await client.post(ADMIT, headers=AUTH, json={"revision": 7})
     assert r.status_code == 200
-    assert r.json() == {"admitted": True, "revision": 7, "since": clock.now}
+    assert plain(r.json()) == {"admitted": True, "revision": 7, "since": clock.now}
     ready = await client.get(READY)
     assert ready.status_code == 200 and ready.json() == r.json()
     assert TOKEN not in ready.text
@@ -110,11 +116,11 @@ async def test_admit_then_withdraw(client: httpx.AsyncClient, inner: Inner, cloc
     clock.now += 10
     assert (await client.post(ADMIT, headers=AUTH, json={"revision": 7})).json()["since"] == clock.now - 10
     again = await client.post(ADMIT, headers=AUTH, json={"revision": None})
-    assert again.json() == {"admitted": True, "revision": None, "since": clock.now}
+    assert plain(again.json()) == {"admitted": True, "revision": None, "since": clock.now}
     w = await client.post(WITHDRAW, headers=AUTH)
-    assert w.status_code == 200 and w.json() == {"admitted": False}
+    assert w.status_code == 200 and plain(w.json()) == {"admitted": False}
     assert (await client.get(READY)).status_code == 503
-    assert (await client.post(WITHDRAW, headers=AUTH, json={})).json() == {"admitted": False}  # idempotent
+    assert plain((await client.post(WITHDRAW, headers=AUTH, json={})).json()) == {"admitted": False}  # idempotent
     assert inner.seen == []  # handled by the middleware: vLLM would have answered 404
 
 
@@ -159,7 +165,7 @@ async def test_admit_without_a_configured_token_fails_closed(
     async with httpx.AsyncClient(transport=transport, base_url="http://engine") as c:
         assert (await c.post(ADMIT, headers={"Authorization": "Bearer x"}, json={"revision": 1})).status_code == 503
         r = await c.get(READY)
-        assert r.status_code == 503 and r.json() == {"admitted": False}
+        assert r.status_code == 503 and plain(r.json()) == {"admitted": False}
 
 
 async def test_a_client_gone_before_its_body_changes_nothing(token_file: Path, clock: WallClock) -> None:
@@ -180,3 +186,21 @@ async def test_a_client_gone_before_its_body_changes_nothing(token_file: Path, c
     }
     await mw(scope, receive, send)
     assert sent == [] and not mw.admission.admitted
+
+
+async def test_an_admit_for_another_process_is_refused(token_file: Path, inner: Inner, clock: WallClock) -> None:
+    """The soak caught it: the operator looked at one engine process (its weights verified), the container
+    restarted on its initial checkpoint at the same address, and the admit meant for the first process
+    admitted the second. The admit names the process the operator looked at; another one refuses it."""
+    first = httpx.ASGITransport(app=_app(inner, clock))
+    async with httpx.AsyncClient(transport=first, base_url="http://engine") as c:
+        looked_at = (await c.get(READY)).json()["instance"]
+        assert (await c.post(ADMIT, headers=AUTH, json={"revision": 3, "instance": looked_at})).status_code == 200
+    restarted = httpx.ASGITransport(app=_app(inner, clock))
+    async with httpx.AsyncClient(transport=restarted, base_url="http://engine") as c:
+        r = await c.post(ADMIT, headers=AUTH, json={"revision": 3, "instance": looked_at})
+        assert r.status_code == 409 and r.json()["error"]["type"] == "Conflict"
+        ready = await c.get(READY)
+        assert ready.status_code == 503 and ready.json()["instance"] != looked_at
+        bad = await c.post(ADMIT, headers=AUTH, json={"revision": 3, "instance": 7})
+        assert bad.status_code == 400

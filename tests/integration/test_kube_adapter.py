@@ -1,0 +1,61 @@
+"""The operator's Kubernetes adapter against the real API server, where its safety rests on server behaviour.
+
+Runs against the session cluster of ``conftest.py`` (or a KUBECONFIG test cluster).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import time
+
+import pytest
+from kubernetes import client
+
+from rolloutfleet.adapters.kube import Kube, KubeError
+
+pytestmark = pytest.mark.integration
+
+GATE = "rolloutfleet.io/weights-ready"
+
+
+def _pod(name: str) -> client.V1Pod:
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1PodSpec(
+            containers=[client.V1Container(name="engine", image="vllm-rolloutfleet:test")],
+            readiness_gates=[client.V1PodReadinessGate(condition_type=GATE)],
+            termination_grace_period_seconds=0,
+        ),
+    )
+
+
+async def test_a_gate_patch_for_a_replaced_pod_is_refused(
+    k8s_api: client.ApiClient, kubeconfig_path: pathlib.Path, namespace: str
+) -> None:
+    """The soak caught a gate opened on a pod nobody had looked at: the operator decided for pod X, X was
+    deleted and recreated under the same name, and the patch by name landed on the new pod. The patch now
+    names the pod's uid: the API server must refuse it for the replacement (the operator skips it)."""
+    core = client.CoreV1Api(k8s_api)
+    old = core.create_namespaced_pod(namespace, _pod("policy-0"))
+    core.delete_namespaced_pod("policy-0", namespace, grace_period_seconds=0)
+    for _ in range(100):  # bounded: a deletion that never completes fails the test below
+        try:
+            core.read_namespaced_pod("policy-0", namespace)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                break
+        time.sleep(0.1)
+    new = core.create_namespaced_pod(namespace, _pod("policy-0"))
+    assert new.metadata.uid != old.metadata.uid
+    kube = Kube.from_environment(str(kubeconfig_path))
+    condition = {"type": GATE, "status": "True", "reason": "Serving", "message": "serves revision 3, verified"}
+    try:
+        with pytest.raises(KubeError) as refused:
+            await kube.patch_pod_condition(namespace, "policy-0", condition, uid=old.metadata.uid)
+        assert refused.value.status in (409, 422), refused.value
+        conditions = core.read_namespaced_pod_status("policy-0", namespace).status.conditions or []
+        assert all(c.type != GATE for c in conditions)
+        patched = await kube.patch_pod_condition(namespace, "policy-0", condition, uid=new.metadata.uid)
+        assert any(c["type"] == GATE and c["status"] == "True" for c in patched["status"]["conditions"])
+    finally:
+        kube.close()
