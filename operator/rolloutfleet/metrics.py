@@ -62,6 +62,24 @@ class Metrics:
             ["namespace", "fleet"],
             registry=r,
         )
+        self.push_sessions_open = prom.Gauge(
+            "rolloutfleet_push_sessions_open",
+            "Weight-transfer sessions open and waiting for the trainer (pushed revisions).",
+            ["namespace", "fleet", "target"],
+            registry=r,
+        )
+        self.push_sessions = prom.Counter(
+            "rolloutfleet_push_sessions_total",
+            "Weight-transfer sessions that ended, by outcome (verified, failed, abandoned).",
+            ["namespace", "fleet", "target", "outcome"],
+            registry=r,
+        )
+        self.pods_restarted = prom.Counter(
+            "rolloutfleet_pods_restarted_total",
+            "Engine pods deleted by the operator to repair a target a failed session destroyed.",
+            ["namespace", "fleet"],
+            registry=r,
+        )
         self.revisions = prom.Counter(
             "rolloutfleet_revisions_total",
             "WeightRevisions that reached a final phase.",

@@ -420,6 +420,9 @@ class RolloutPass:
                 seconds, load = await executor.execute(self.clients[pod], decision.step, self.goal, timeouts, session)
         except executor.StepError as exc:
             self._fail(pod, exc.reason, str(exc))
+            if decision.step in (Step.END_SESSION, Step.ABANDON_SESSION) and session.session is not None:
+                outcome = "abandoned" if decision.step == Step.ABANDON_SESSION else "failed"
+                self._count_session(session.session.target.value, outcome)
             self.stale.add(pod)  # after a failure, only the engine can say where it is
             self.verified.discard(pod)
             log.warning("pod %s: %s", pod, exc)
@@ -429,6 +432,8 @@ class RolloutPass:
             self._opened(pod)
         if decision.step in push.OPEN_STEPS:
             self.stale.add(pod)  # the session's epoch and clock are the engine's: read them back
+        if decision.step == Step.END_SESSION and load is not None:
+            self._count_session(load.target.value, "verified")
         self.states[pod] = transaction.acknowledged(self.states[pod], decision.step, self.goal, load)
         if decision.step == Step.RESUME:
             await self._route(pod, True, "Serving", f"serves revision {self.goal.revision}, verified")
@@ -436,6 +441,9 @@ class RolloutPass:
         self.ctx.metrics.step_duration.labels(*self.fleet_labels, decision.step.value, self.plan.mode.value).observe(
             seconds
         )
+
+    def _count_session(self, target: str, outcome: str) -> None:
+        self.ctx.metrics.push_sessions.labels(*self.fleet_labels, target, outcome).inc()
 
     def _opened(self, pod: str) -> None:
         """The pod's open step ended (either way): its epoch is complete once no pod of it is still opening."""
@@ -457,6 +465,7 @@ class RolloutPass:
             self._fail(pod, "RestartFailed", f"could not delete the pod: {exc}")
             return
         self.restarted.add(pod)
+        self.ctx.metrics.pods_restarted.labels(*self.fleet_labels).inc()
         log.warning("pod %s restarted: %s", pod, why)
         await self.ctx.kube.event(body, "Warning", "EngineRestarted", f"{why}; the pod is recreated and caught up")
 
@@ -525,6 +534,10 @@ class RolloutPass:
             with contextlib.suppress(KeyError):
                 gauge.remove(meta["namespace"], meta["name"], gone)
         self.memory.revision_labels = {str(r) for r in counts}
+        if self.goal.pushed:
+            for target in ("verifier", "draft"):
+                open_now = sum(1 for s in self.states.values() if s.session and s.session.target.value == target)
+                self.ctx.metrics.push_sessions_open.labels(*self.fleet_labels, target).set(open_now)
         if self.rev is None:
             return
         new = revision_status.progressing(
