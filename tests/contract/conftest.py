@@ -10,17 +10,27 @@ into a tmp dir. To run the same assertions against a real vLLM (the GPU tier, sh
                                                          safetensors dirs of the served shapes, where the
                                                          draft-X proposes what verifier-X predicts.
 
+    ROLLOUTFLEET_CONTRACT_TRANSFER=ipc|nccl               the engine's --weight-transfer-config backend
+                                                         (unset: it was started without the flag)
+    ROLLOUTFLEET_CONTRACT_PLAIN_URL=...                  optional: an engine started without the flag
+    ROLLOUTFLEET_CONTRACT_SENDER=ipc                     this process shares the engine's GPU and sends CUDA
+                                                         IPC handles (the engine: VLLM_ALLOW_INSECURE_SERIALIZATION=1)
+
+The simulated engine is started with ``--weight-transfer-config '{"backend": "ipc"}'`` and sends through
+the simulator's transport; a second simulated engine, without the flag, plays the plain one.
+
 The real engine is shared by all tests, so each test leaves it awake and resumed (``restore`` fixture).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 from collections.abc import AsyncIterator
 
 import pytest
-from contract_support import TOKEN, Target, Weights, write_checkpoint
+from contract_support import TOKEN, IpcSender, SimulatedSender, Target, Weights, write_checkpoint
 
 from rolloutfleet.adapters.engine import EngineClient, EnginePool, ResetPolicy, RetryPolicy
 from rolloutfleet.sim import EngineSpec, Latencies, SimulatedFleet
@@ -35,7 +45,11 @@ async def target(tmp_path: pathlib.Path, request: pytest.FixtureRequest) -> Asyn
             pytest.skip("a real engine is one release: the suite runs against it once")
         root = pathlib.Path(os.environ["ROLLOUTFLEET_CONTRACT_WEIGHTS"])
         weights = Weights(*(str(root / n) for n in ("verifier-a", "verifier-b", "draft-a", "draft-b")), empty=None)
-        yield Target(url, os.environ["ROLLOUTFLEET_CONTRACT_TOKEN"], weights, real=True)
+        transfer = os.environ.get("ROLLOUTFLEET_CONTRACT_TRANSFER") or None
+        plain = os.environ.get("ROLLOUTFLEET_CONTRACT_PLAIN_URL") or (url if transfer is None else None)
+        sender = IpcSender() if os.environ.get("ROLLOUTFLEET_CONTRACT_SENDER") == "ipc" else None
+        token = os.environ["ROLLOUTFLEET_CONTRACT_TOKEN"]
+        yield Target(url, token, weights, real=True, transfer=transfer, plain_url=plain, sender=sender)
         return
     (tmp_path / "empty").mkdir()
     weights = Weights(
@@ -50,11 +64,14 @@ async def target(tmp_path: pathlib.Path, request: pytest.FixtureRequest) -> Asyn
         draft_path=weights.draft_a,
         draft_policy="coUpdate",
         vllm_version=request.param,
+        weight_transfer={"backend": "ipc"},
     )
     # A finite generation speed, as on a GPU: a long request is still running when a test pauses.
     async with SimulatedFleet(token=TOKEN, spec=spec, latencies=Latencies(token_s=0.001)) as fleet:
         engine = await fleet.add("127.0.0.1", 0)
-        yield Target(engine.url, TOKEN, weights, real=False)
+        plain = await fleet.add("127.0.0.2", 0, spec=dataclasses.replace(spec, weight_transfer=None))
+        sender = SimulatedSender()
+        yield Target(engine.url, TOKEN, weights, real=False, transfer="ipc", plain_url=plain.url, sender=sender)
 
 
 @pytest.fixture

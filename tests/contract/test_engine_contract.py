@@ -319,7 +319,7 @@ async def test_extension_reports_whether_weights_are_mapped(target: Target, engi
 async def test_a_new_engine_is_not_ready_and_the_probe_needs_no_token(target: Target) -> None:
     for token in (None, "wrong", target.token):  # kubelet probes carry none; a token changes nothing
         status, _, text = await call(target, "GET", READY_PATH, token=token)
-        assert status == 503 and json.loads(text) == {"admitted": False}
+        assert status == 503 and _plain(json.loads(text)) == {"admitted": False}
     status, _, _ = await call(target, "GET", "/health")
     assert status == 200  # liveness and startup probes are unchanged
 
@@ -347,9 +347,35 @@ async def test_admit_makes_the_engine_ready_and_withdraw_takes_it_back(target: T
         assert status == 200 and json.loads(text)["revision"] is None
     finally:
         status, _, text = await call(target, "POST", WITHDRAW_PATH, token=target.token)
-    assert status == 200 and json.loads(text) == {"admitted": False}
+    assert status == 200 and _plain(json.loads(text)) == {"admitted": False}
     status, _, text = await call(target, "GET", READY_PATH)
-    assert status == 503 and json.loads(text) == {"admitted": False}
+    assert status == 503 and _plain(json.loads(text)) == {"admitted": False}
+
+
+def _plain(body: dict[str, object]) -> dict[str, object]:
+    """An admission answer without the process's ``instance`` (checked on its own below)."""
+    assert isinstance(body.pop("instance"), str)
+    return body
+
+
+async def test_an_admit_naming_another_process_is_refused(target: Target) -> None:
+    # The operator reads the instance before the weights and names it in the admit: a process that came up
+    # at the same address in between (on other weights) must refuse, or it would serve unverified weights.
+    status, _, text = await call(target, "GET", READY_PATH)
+    instance = json.loads(text)["instance"]
+    status, _, text = await call(
+        target, "POST", ADMIT_PATH, token=target.token, json={"revision": 1, "instance": "0" * 16}
+    )
+    assert status == 409 and json.loads(text)["error"]["type"] == "Conflict"
+    status, _, _ = await call(target, "GET", READY_PATH)
+    assert status == 503
+    try:
+        status, _, text = await call(
+            target, "POST", ADMIT_PATH, token=target.token, json={"revision": 1, "instance": instance}
+        )
+        assert status == 200 and json.loads(text)["instance"] == instance
+    finally:
+        await call(target, "POST", WITHDRAW_PATH, token=target.token)
 
 
 @pytest.mark.parametrize("body", [{}, {"revision": "3"}, {"revision": True}, {"revision": -1}, [3]])

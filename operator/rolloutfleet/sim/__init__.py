@@ -8,6 +8,8 @@ torch or vLLM; every engine is *simulated* and says so in its names.
   admin API (faults, call logs, crash/restart).
 - ``server.SimulatedEngine``: one engine's HTTP surface (vLLM routes + our auth middleware + faults).
 - ``engine.EngineCore``: its state machine (pause/sleep/wake/load/complete/metrics) and call log.
+- ``transfer``: vLLM's weight-transfer sessions and our extension's push RPCs, over a SIMULATED transport
+  (the tensors' bytes inline: no CUDA IPC, no NCCL); ``transfer_http``: vLLM's session routes.
 - ``config``: ``EngineSpec``, ``Latencies``, ``FaultRule``, ``WeightsConfig`` (synthetic weights).
 - ``commands``: ``rolloutfleet sim serve``.
 """

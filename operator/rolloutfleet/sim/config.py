@@ -8,15 +8,22 @@ and the admin routes (faults at runtime). Everything is plain frozen data parsed
      "faults": [{"engine": "127.1.0.5:8000", "step": "rolloutfleet_load:draft", "kind": "http_error",
                  "status": 500, "body": {"error": "boom"}, "count": 1}]}
 
-A fault's ``step`` is a route name (``pause``, ``wake_up``, ``reset_prefix_cache``, ``completions``...),
-an RPC name (``rolloutfleet_load``), or a refined key: ``wake_up:weights``, ``wake_up:kv_cache``,
-``sleep:2``, ``rolloutfleet_load:verifier``, ``rolloutfleet_load:draft``; ``*`` matches every step.
+A fault's ``step`` is a route name (``pause``, ``wake_up``, ``reset_prefix_cache``, ``completions``,
+``init_weight_transfer_engine``, ``update_weights``...), an RPC name (``rolloutfleet_load``,
+``rolloutfleet_push_begin``), or a refined key: ``wake_up:weights``, ``wake_up:kv_cache``, ``sleep:2``,
+``rolloutfleet_load:verifier``, ``rolloutfleet_load:draft``, ``rolloutfleet_push_begin:draft``; ``*``
+matches every step.
+
+``EngineSpec.weight_transfer`` is vLLM's ``--weight-transfer-config`` (``{"backend": "ipc"|"nccl"}``;
+None: the flag is absent and the session routes fail as vLLM's do); ``weight_transfer_from_args`` reads
+it from a ``vllm serve`` argument list.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from typing import Any
 
 
@@ -27,6 +34,11 @@ class FaultKind(enum.StrEnum):
     SLOW = "slow"  # add ``delay`` seconds, then act normally
     CORRUPT_LOAD = "corrupt_load"  # the load "succeeds" but reports (and holds) a wrong digest
     SPLIT_RANKS = "split_ranks"  # rank 1 reports a different digest than rank 0 (TP disagreement)
+    # A collective with a dead peer (weight-transfer steps: ``update_weights``, ``init_weight_transfer_engine``):
+    # the call blocks inside the engine core, holding it (later RPCs and session calls queue behind it), and
+    # a client that gives up frees nothing. ``delay`` > 0 ends it after that many seconds as a failure
+    # (vLLM's 300 s TCPStore timeout at init); 0 blocks until the engine crashes or restarts.
+    HANG = "hang"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,6 +71,10 @@ class FaultRule:
         out = dataclasses.asdict(self)
         out["kind"] = str(self.kind)
         return out
+
+
+Faults = dict[FaultKind, FaultRule]
+"""The faults that fired for one step and act inside it (corrupt_load, split_ranks, hang), by kind."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,6 +123,7 @@ class EngineSpec:
     vocab_size: int = 2048
     shared_tensors: tuple[str, ...] = ()  # tensors the draft shares with the verifier (EAGLE embed/lm_head)
     reject_while_paused: bool = True  # new requests in abort/wait pause: 503 (DESIGN §4) vs held like keep
+    weight_transfer: dict[str, Any] | None = None  # --weight-transfer-config; None: the session routes fail
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> EngineSpec:
@@ -119,7 +136,30 @@ class EngineSpec:
             data["shared_tensors"] = tuple(data["shared_tensors"])
         if data.get("draft_policy", "coUpdate") not in ("coUpdate", "frozen"):
             raise ValueError("draft_policy must be coUpdate or frozen")
+        if data.get("weight_transfer") is not None:
+            data["weight_transfer"] = check_weight_transfer(data["weight_transfer"])
         return cls(**data)
+
+
+TRANSFER_BACKENDS = ("ipc", "nccl")  # what the simulator plays (vLLM also has sparse_nccl)
+WEIGHT_TRANSFER_FLAG = "--weight-transfer-config"
+
+
+def check_weight_transfer(config: object) -> dict[str, Any]:
+    """A ``--weight-transfer-config`` payload the simulator can play, or ValueError."""
+    if not isinstance(config, dict) or config.get("backend", "nccl") not in TRANSFER_BACKENDS:
+        raise ValueError(f"weight_transfer must be an object with backend in {TRANSFER_BACKENDS}, got {config!r}")
+    return {"backend": "nccl", **config}  # vLLM's WeightTransferConfig defaults the backend to nccl
+
+
+def weight_transfer_from_args(args: list[str]) -> dict[str, Any] | None:
+    """``--weight-transfer-config JSON`` (or ``=JSON``) from a ``vllm serve`` argument list; None when absent."""
+    for i, arg in enumerate(args):
+        if arg == WEIGHT_TRANSFER_FLAG and i + 1 < len(args):
+            return check_weight_transfer(json.loads(args[i + 1]))
+        if arg.startswith(WEIGHT_TRANSFER_FLAG + "="):
+            return check_weight_transfer(json.loads(arg.partition("=")[2]))
+    return None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -34,6 +34,14 @@ It mirrors what DESIGN.md §4 and shared/gpu/README.md record about real vLLM wi
 - Completions: token ids are a deterministic function of the verifier digest, token 0 forever when the
   weights are not resident (as measured after wake without reload); spec-decode acceptance is ~0.99 when
   the draft holds the verifier's revision, 0 when it does not, and 1.0 when nothing is resident.
+- Weight-transfer sessions (``rolloutfleet.sim.transfer``, DESIGN.md §4b, docs/push.md): vLLM's session
+  calls run as engine-core utility calls (``utility``: one at a time with the RPCs, to their end); the
+  extension's ``rolloutfleet_push_begin``/``_end`` are RPCs. While parameters are on the ``meta`` device
+  (a session open, or a failed update) a completion fails (500; real vLLM would raise in the forward pass)
+  and a level-2 sleep fails (500, measured: vLLM saves the model's buffers to the host first). A destroyed
+  target refuses loads (``destroyed``, as the extension) and a load while a session is open is refused
+  (``busy``); ``wake_up(tags=weights)`` takes a failed update's parameters off ``meta`` (measured: fresh
+  sessions work again), while the extension's verdict stays until a restart.
 
 Every state change goes to the engine's call log with a monotonic timestamp (``EngineLog``), including
 which (verifier revision, draft revision, resident) pair generated every served token. ``until`` lets a
@@ -44,17 +52,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib
 import itertools
 import math
+import secrets
 import time
 import unicodedata
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import blake3
 
-from rolloutfleet.sim import weights
+from rolloutfleet.sim import transfer, weights
 from rolloutfleet.sim.config import EngineSpec, Latencies, WeightsConfig
 
 
@@ -66,6 +74,9 @@ def reference_logprob(verifier_path: str, revision: int | None, prompt: list[int
     """
     h = blake3.blake3(f"logprob|{verifier_path}|{revision}|{prompt}|{i}".encode()).digest(4)
     return -round(int.from_bytes(h, "little") % 5000 / 1000.0, 3)
+
+
+T = TypeVar("T")
 
 
 class EngineLog:
@@ -121,24 +132,26 @@ class EngineCore:
         )
         self._changed = asyncio.Condition()
         self._rpc_lock = asyncio.Lock()
-        self._rpc_tasks: set[asyncio.Task[list[dict[str, Any]]]] = set()
+        self._rpc_tasks: set[asyncio.Task[Any]] = set()
         self.load_gate: asyncio.Event | None = None  # tests: a load waits for it before it completes
         # Our middleware's admission (``/rolloutfleet/admit``): in the API server's memory, so a new
         # process (a fresh core) starts un-admitted.
         self.admitted = False
+        self.instance = secrets.token_hex(8)  # names this process in every admission answer
         self.admitted_revision: int | None = None
         self.admitted_since: float | None = None
         self._active: dict[int, _Request] = {}
         self._rid = itertools.count()
-        self._parameters: dict[str, int | None] = {}  # pre-flight: the models' parameter elements, per target
+        self._parameters: dict[str, dict[str, transfer.Parameter] | None] = {}  # the models' parameters
+        self.transfer = transfer.Transfer(self)
 
     # --- read-only views ---------------------------------------------------------------------------
 
     @property
     def resident(self) -> bool:
         """As the extension reports it: weights mapped and not lost (contents may still be unclaimed)."""
-        draft_lost = self.draft is not None and self.draft.lost
-        return self.weights_awake and not self.verifier.lost and not draft_lost
+        draft_lost = self.draft is not None and (self.draft.lost or self.draft.unusable)
+        return self.weights_awake and not (self.verifier.lost or self.verifier.unusable) and not draft_lost
 
     @property
     def is_sleeping(self) -> bool:
@@ -188,8 +201,13 @@ class EngineCore:
     def admission(self) -> dict[str, Any]:
         """The body of ``/rolloutfleet/ready``, ``/admit`` and ``/withdraw``."""
         if not self.admitted:
-            return {"admitted": False}
-        return {"admitted": True, "revision": self.admitted_revision, "since": self.admitted_since}
+            return {"admitted": False, "instance": self.instance}
+        return {
+            "admitted": True,
+            "revision": self.admitted_revision,
+            "since": self.admitted_since,
+            "instance": self.instance,
+        }
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -205,6 +223,7 @@ class EngineCore:
             "resident_reported": self.resident,
             "claimed_verifier": self.verifier.report(True),
             "claimed_draft": None if self.draft is None else self.draft.report(True),
+            **self.transfer.summary(),
             **self.pair(),
         }
 
@@ -221,6 +240,7 @@ class EngineCore:
             "draft": draft,
             "draft_method": self.spec.draft_method if self.draft is not None else None,
             "shared_tensors": list(self.spec.shared_tensors),
+            "session": None if self.transfer.push is None else self.transfer.push.report(),
         }
         return [{**base, "rank": r} for r in range(self.spec.tp_size)]
 
@@ -229,6 +249,10 @@ class EngineCore:
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
+
+    async def notify(self) -> None:
+        """Wake whatever waits on a state change (``until``, held requests): for changes made from outside."""
+        await self._notify()
 
     async def pause(self, mode: str, clear_cache: bool) -> None:
         if mode not in ("keep", "wait", "abort"):
@@ -258,6 +282,9 @@ class EngineCore:
             raise InternalError("sleep mode is not enabled (--enable-sleep-mode)")
         if level not in (0, 1, 2):
             raise InternalError(f"invalid sleep level {level}")
+        if level == 2 and self.transfer.forward_blocked:
+            # vLLM copies the model's buffers to the host before discarding: a meta tensor has no data.
+            raise InternalError("NotImplementedError: Cannot copy out of meta tensor; no data!")
         if not self.paused:
             self.paused, self.pause_mode, self.paused_by_sleep = True, mode, True
         if mode == "abort":
@@ -285,6 +312,8 @@ class EngineCore:
             # vLLM 0.26 re-maps every allocation on a tag-less wake, including weights already mapped:
             # "CUDA Error: invalid argument" in cumem_allocator.cpp and HTTP 500 (measured on the H200).
             raise InternalError("CUDA Error: invalid argument at csrc/cumem_allocator.cpp:169")
+        if "weights" in wanted and self.transfer.repair():
+            await self._notify()
         asleep = [t for t in wanted if not (self.weights_awake if t == "weights" else self.kv_awake)]
         if not asleep and self.paused:
             # Waking what is already awake resumes a paused scheduler (measured on vLLM 0.26, H200): a
@@ -345,7 +374,20 @@ class EngineCore:
         for task in list(self._rpc_tasks):
             task.cancel()
 
-    def _rpc_done(self, task: asyncio.Task[list[dict[str, Any]]]) -> None:
+    async def utility(self, work: Callable[[], Awaitable[T]]) -> T:
+        """One engine-core utility call (vLLM's weight-transfer routes): serialized with the RPCs, in a task
+        of its own that a client giving up does not stop; a crash or restart ends it (``stop``)."""
+
+        async def serialized() -> T:
+            async with self._rpc_lock:
+                return await work()
+
+        task = asyncio.ensure_future(serialized())
+        self._rpc_tasks.add(task)
+        task.add_done_callback(self._rpc_done)
+        return await asyncio.shield(task)
+
+    def _rpc_done(self, task: asyncio.Task[Any]) -> None:
         self._rpc_tasks.discard(task)
         if not task.cancelled():
             task.exception()  # retrieved: a late failure nobody waits for is not an "unhandled" error
@@ -362,9 +404,22 @@ class EngineCore:
                     return await self._load(kwargs, corrupt=corrupt)
                 if method == "rolloutfleet_restore_draft":
                     return await self._load({**kwargs, "target": "draft", "restore": True}, corrupt=corrupt)
+                if method in ("rolloutfleet_push_begin", "rolloutfleet_push_end"):
+                    return await self._push(method, kwargs)
                 raise InternalError(f"AttributeError: 'Worker' object has no attribute {method!r}")
             finally:
                 self.log.add("rpc_finished", method=method)
+
+    async def _push(self, method: str, kw: dict[str, Any]) -> list[dict[str, Any]]:
+        """The extension's session RPCs (``rolloutfleet.sim.transfer``), one result per rank."""
+        try:
+            begin = method == "rolloutfleet_push_begin"
+            result = self.transfer.push_begin(kw) if begin else self.transfer.push_end(kw)
+        except transfer.PushError as exc:
+            return [{"ok": False, "error": {"code": exc.code, "message": exc.message}}] * self.spec.tp_size
+        finally:
+            await self._notify()
+        return [{**result, "rank": r} for r in range(self.spec.tp_size)]
 
     async def _load(self, kw: dict[str, Any], *, corrupt: bool) -> list[dict[str, Any]]:
         try:
@@ -389,6 +444,10 @@ class EngineCore:
         slot = self.verifier if target == "verifier" else self.draft
         if slot is None:
             raise weights.LoadError("no_draft", "this engine (or this pipeline rank) has no draft model")
+        if self.transfer.vllm is not None or self.transfer.push is not None:
+            raise weights.LoadError("busy", "a weight-transfer session is open: finish or abandon it first")
+        if slot.unusable:
+            raise weights.LoadError("destroyed", f"a failed weight-transfer session destroyed the {target}: restart")
         if target == "draft":
             frozen = self.spec.draft_policy == "frozen"
             if restore and not frozen:
@@ -406,7 +465,7 @@ class EngineCore:
         started = time.monotonic()
         slot.begin_load(path, revision)  # fail closed: a crash or error from here leaves no claim
         ckpt = await asyncio.to_thread(weights.resolve, path, target=target, config=self.cfg)
-        # The fixed per-step latency was already spent by the server (``SimulatedEngine._step``), before
+        # The fixed per-step latency was already spent by the server (``SimulatedEngine.run_step``), before
         # the action ran; here only the size-proportional part of the load is simulated.
         duration = ckpt.bytes / self.lat.load_bytes_per_s if self.lat.load_bytes_per_s > 0 else 0.0
         if duration > 0:
@@ -469,8 +528,8 @@ class EngineCore:
             size = self.cfg.verifier_bytes if target == "verifier" else self.cfg.draft_bytes
             return {"ok": True, "target": target, "path": path, "tensors": self.cfg.tensors, "bytes": size}
         shared = self.spec.shared_tensors if target == "draft" else ()
-        infos = await asyncio.to_thread(_scan_headers, path)
-        fed = [i for i in infos if not (shared and _matches_shared(i.name, shared))]
+        infos = await asyncio.to_thread(weights.scan_headers, path)
+        fed = [i for i in infos if not (shared and weights.matches_shared(i.name, shared))]
         need = await asyncio.to_thread(self._parameter_elements, str(target))
         have = sum(math.prod(i.shape) for i in fed)
         if need is not None and have < need:
@@ -491,21 +550,21 @@ class EngineCore:
         root = self.cfg.synthetic_root
         return bool(root) and (path == root or path.startswith(str(root).rstrip("/") + "/"))
 
-    def _parameter_elements(self, target: str) -> int | None:
-        """The simulated model's parameter elements: those of the checkpoint it started from (None: unknown)."""
+    def parameters(self, target: str) -> dict[str, transfer.Parameter] | None:
+        """The simulated model's parameters: the tensors of the checkpoint it started from (None: unknown)."""
         if target not in self._parameters:
             initial = self.spec.verifier_path if target == "verifier" else self.spec.draft_path
-            shared = self.spec.shared_tensors if target == "draft" else ()
-            count: int | None = None
-            if initial is not None and not self._synthetic(initial):
-                try:
-                    infos = _scan_headers(initial)
-                except weights.LoadError:
-                    infos = None
-                if infos is not None:
-                    count = sum(math.prod(i.shape) for i in infos if not (shared and _matches_shared(i.name, shared)))
-            self._parameters[target] = count
+            synthetic = initial is not None and self._synthetic(initial)
+            self._parameters[target] = transfer.parameter_set(initial, synthetic)
         return self._parameters[target]
+
+    def _parameter_elements(self, target: str) -> int | None:
+        """The parameter elements a load must fill (shared ones left out; None: unknown)."""
+        params = self.parameters(target)
+        if params is None:
+            return None
+        shared = self.spec.shared_tensors if target == "draft" else ()
+        return sum(math.prod(p.shape) for n, p in params.items() if not (shared and weights.matches_shared(n, shared)))
 
     # --- completions -------------------------------------------------------------------------------
 
@@ -526,6 +585,8 @@ class EngineCore:
                     await self._changed.wait_for(lambda: req.aborted or self.runnable)
                 if req.aborted:
                     break
+                if self.transfer.forward_blocked:
+                    raise InternalError("the forward pass met parameters on the meta device (weight transfer)")
                 if not req.holds_blocks:
                     req.holds_blocks = True  # allocated (again, after a preemption) when scheduled
                     await self._notify()
@@ -627,58 +688,3 @@ class EngineCore:
                 f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {c['accepted']}",
             ]
         return "\n".join(lines) + "\n"
-
-
-# What ``rolloutfleet_worker.loader_base.torch_dtype`` maps to a torch dtype: anything else fails with ``io``.
-LOADABLE_DTYPES = frozenset(
-    {"BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64", "F16", "BF16", "F32", "F64", "C64"}
-    | {"F8_E4M3", "F8_E5M2", "F8_E8M0"}
-)
-
-
-def _header_scanner() -> Callable[[str], list[Any]]:
-    """The project's safetensors header scanner (``scan_directory``), looked up by name like the digest
-    (``weights.digest_function``): ``rolloutfleet.digest`` first, the one module that may reach the worker."""
-    for module_name in ("rolloutfleet.digest", "rolloutfleet_worker.digest"):
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        fn = getattr(module, "scan_directory", None)
-        if callable(fn):
-            return fn  # type: ignore[no-any-return]
-    raise weights.LoadError("io", "no header scanner: rolloutfleet_worker.digest.scan_directory is missing")
-
-
-def _scan_headers(path: str) -> list[Any]:
-    """Every tensor's header entry in ``path`` (``TensorInfo``), dtypes checked; ``io`` for what the worker
-    would refuse (a missing or unreadable file, a corrupt or truncated header, a name twice, a dtype)."""
-    scan = _header_scanner()
-    try:
-        infos = scan(path)
-    except Exception as exc:  # CheckpointError: the extension answers "io" with its message
-        raise weights.LoadError("io", str(exc)) from exc
-    for info in infos:
-        if info.dtype not in LOADABLE_DTYPES:
-            raise weights.LoadError("io", f"{info.file}: dtype {info.dtype!r} not supported by this torch")
-    return infos
-
-
-def _matches_shared(tensor_name: str, shared: tuple[str, ...]) -> bool:
-    """``rolloutfleet_worker.models.matches_shared``: whether a checkpoint tensor lands in a shared parameter
-    (names compared with ``model.`` prefixes stripped; a dotted suffix of two components or more matches)."""
-
-    def strip(name: str) -> str:
-        while name.startswith("model."):
-            name = name[len("model.") :]
-        return name
-
-    a = strip(tensor_name)
-    for s in shared:
-        b = strip(s)
-        if a == b:
-            return True
-        shorter, longer = (a, b) if len(a) < len(b) else (b, a)
-        if shorter.count(".") >= 1 and longer.endswith("." + shorter):
-            return True
-    return False

@@ -29,7 +29,11 @@ across processes on Linux): ``{seq, t, step, key, args, status, result, state}``
 call (reads are logged only when a fault fires), ``{seq, t, step, key, args, fault}`` when a fault fires,
 ``listen``/``crash``/``restart`` events, and for each served completion ``result`` =
 ``{tokens, finish_reason, t_start, runs: [{verifier, draft, resident, verifier_digest, draft_digest,
-tokens}], weight_versions, mixed, garbage}`` — the pair(s) that generated its tokens.
+tokens}], weight_versions, mixed, garbage}`` — the pair(s) that generated its tokens. Extension RPCs log
+``rpc_started``/``rpc_finished`` inside their entry (``key`` = ``METHOD:target`` for loads, pre-flights and
+``rolloutfleet_push_begin``); weight-transfer routes log under their route name (``update_weights``: ``args``
+``{names}``, ``result`` ``{bytes}`` or ``{error}``); ``state`` carries ``session`` (the extension's open
+push session) and ``vllm_session`` (the target of vLLM's open session, or None).
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ Used by the sandbox demo and the integration tests, in place of the kubelet star
 It polls the fleet's pods (every ``interval`` seconds, through the official client on a worker thread)
 and, for each Running pod with an IP, serves a simulated engine on ``podIP:port`` shaped by the fleet's
 spec (draft method and policy, sleep mode, tensor parallelism) and guarded by the fleet's control token;
-engines of pods that went away are stopped. Pod IPs are on loopback (127.1.0.0/16) in the local control
+engines of pods that went away are stopped. vLLM's ``--weight-transfer-config`` comes from the pod's own
+``engine`` container arguments (what ``vllm serve`` would parse), or from ``spec.weightTransfer`` for a pod
+without them. Pod IPs are on loopback (127.1.0.0/16) in the local control
 plane, so nothing but loopback is ever listened on or dialled.
 """
 
@@ -19,16 +21,24 @@ from typing import Any, cast
 
 from kubernetes import client
 
-from rolloutfleet.sim.config import EngineSpec, Latencies, WeightsConfig
+from rolloutfleet.sim.config import EngineSpec, Latencies, WeightsConfig, weight_transfer_from_args
 from rolloutfleet.sim.fleet import SimulatedFleet
 
 log = logging.getLogger(__name__)
 GROUP, VERSION = "rolloutfleet.io", "v1alpha1"
 
 
-def engine_spec_for(fleet: dict[str, Any]) -> EngineSpec:
-    """The simulated engine that ``vllm serve`` with this fleet's flags would be."""
+ENGINE_CONTAINER = "engine"  # rolloutfleet.resources.children.ENGINE_CONTAINER
+
+
+def engine_spec_for(fleet: dict[str, Any], args: list[str] | None = None) -> EngineSpec:
+    """The simulated engine that ``vllm serve`` with this fleet's flags would be (``args``: the pod's own)."""
     spec = fleet.get("spec") or {}
+    if args is not None:
+        transfer = weight_transfer_from_args(args)
+    else:
+        backend = (spec.get("weightTransfer") or {}).get("backend")
+        transfer = None if backend is None else {"backend": str(backend)}
     draft = spec.get("draft") or {}
     method = draft.get("method") or "none"
     strategy = spec.get("updateStrategy") or {}
@@ -42,7 +52,16 @@ def engine_spec_for(fleet: dict[str, Any]) -> EngineSpec:
         tp_size=int(spec.get("tensorParallelSize") or 1),
         served_model_name=(spec.get("verifier") or {}).get("servedModelName") or "policy",
         shared_tensors=("embed_tokens.weight", "lm_head.weight") if method in ("eagle", "eagle3", "mtp") else (),
+        weight_transfer=transfer,
     )
+
+
+def engine_args(pod: Any) -> list[str] | None:
+    """The ``engine`` container's arguments of a pod (None when it has no such container)."""
+    for container in getattr(pod.spec, "containers", None) or []:
+        if container.name == ENGINE_CONTAINER:
+            return [str(a) for a in container.args or []]
+    return None
 
 
 @dataclasses.dataclass
@@ -91,9 +110,8 @@ class PodFollower:
             self.sim = SimulatedFleet(token=token, weights=self.weights, latencies=self.latencies)
             await self.sim.start()
         port = int((fleet.get("spec") or {}).get("port") or 8000)
-        spec = engine_spec_for(fleet)
         wanted = {
-            f"{p.status.pod_ip}:{port}"
+            f"{p.status.pod_ip}:{port}": p
             for p in pods
             if p.status.phase == "Running" and p.status.pod_ip and not p.metadata.deletion_timestamp
         }
@@ -101,9 +119,9 @@ class PodFollower:
             if key not in wanted:
                 ip, _, p = key.rpartition(":")
                 await self.sim.remove(ip, int(p))
-        for key in wanted - set(self.sim.engines):
+        for key in set(wanted) - set(self.sim.engines):
             ip, _, _ = key.rpartition(":")
-            await self.sim.add(ip, port, spec=spec)
+            await self.sim.add(ip, port, spec=engine_spec_for(fleet, engine_args(wanted[key])))
         return len(self.sim.engines)
 
     async def run(self) -> None:

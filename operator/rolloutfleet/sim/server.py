@@ -15,7 +15,10 @@ bodies follow vLLM's source (``vllm/entrypoints/serve/dev/...`` in 0.26 to 0.33)
   rank; an unknown method is a worker ``AttributeError``, i.e. a plain-text 500, and so is vLLM's RPC
   ``timeout`` expiring (multi-worker engines only; the work goes on, see ``engine``).
 - ``GET /health`` → empty 200 whatever the sleep/pause state; ``GET /metrics``; ``/v1/completions``,
-  ``/v1/models``.
+  ``/v1/models`` (a completion answers 500 while parameters are on the meta device: see ``engine``).
+- vLLM's weight-transfer routes (``/init_weight_transfer_engine``, ``/start_weight_update``,
+  ``/start_draft_weight_update``, ``/update_weights``, ``/finish_weight_update``): ``transfer_http``. The
+  extension's ``rolloutfleet_push_begin``/``_end`` go through ``/collective_rpc`` like every RPC.
 
 Our image's middleware (``rolloutfleet_worker.auth``, mirrored here since the operator may not import
 it): every route but ``/health``, ``/metrics``, ``/ping``, ``/version``, ``/v1`` and ``/v1/*`` (and a few
@@ -25,7 +28,7 @@ Faults (``FaultRule``) act after authentication, per step.
 
 The middleware's admission routes (``rolloutfleet_worker.admission``), same bodies and codes:
 ``GET /rolloutfleet/ready`` (open) → 200 ``{"admitted": true, "revision", "since"}`` or 503
-``{"admitted": false}``; ``POST /rolloutfleet/admit`` ``{"revision": int|null}`` (token) → 200 as ready's,
+``{"admitted": false}`` (every answer also names the process: ``instance``); ``POST /rolloutfleet/admit`` ``{"revision": int|null, "instance"?}`` (token) → 200 as ready's, 409 for another instance,
 400 for a malformed body, 413 over 4 KiB; ``POST /rolloutfleet/withdraw`` (token) → 200 ``{"admitted": false}``. A crash
 or restart ends the process, and with it the admission. Fault steps: ``ready``, ``admit``, ``withdraw``.
 """
@@ -43,7 +46,8 @@ from typing import Any
 
 from aiohttp import web
 
-from rolloutfleet.sim.config import EngineSpec, FaultKind, FaultRule, Latencies, WeightsConfig
+from rolloutfleet.sim import transfer_http
+from rolloutfleet.sim.config import EngineSpec, FaultKind, FaultRule, Faults, Latencies, WeightsConfig
 from rolloutfleet.sim.engine import EngineCore, EngineLog, InternalError, RejectedError
 
 # rolloutfleet_worker.auth: open exact paths and prefixes; everything else (deny by default) needs the token.
@@ -61,6 +65,7 @@ OPEN_EXACT = frozenset(
         "/rolloutfleet/ready",
     }
 )
+TARGETED_RPCS = ("rolloutfleet_load", "rolloutfleet_preflight", "rolloutfleet_push_begin")  # fault key: METHOD:target
 MAX_ADMIT_BODY_BYTES = 4096  # rolloutfleet_worker.admission.MAX_BODY_BYTES
 OPEN_PREFIXES = ("/v1/", "/metrics/")
 
@@ -72,7 +77,7 @@ def is_open(path: str) -> bool:
     return path in OPEN_EXACT or path.startswith(OPEN_PREFIXES)
 
 
-Action = Callable[[set[FaultKind]], Awaitable[tuple[web.Response, Any]]]
+Action = Callable[[Faults], Awaitable[tuple[web.Response, Any]]]
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
@@ -232,13 +237,16 @@ class SimulatedEngine:
             r.add_post("/update_weight_version", self._update_weight_version)
             r.add_get("/weight_info", self._weight_info)
         r.add_post("/collective_rpc", self._collective_rpc)
+        transfer_http.add_routes(r, self)
         r.add_post("/v1/completions", self._completions)
         r.add_get("/v1/models", self._models)
 
-    async def _step(self, keys: list[str], args: dict[str, Any], action: Action, *, log: bool = True) -> web.Response:
+    async def run_step(
+        self, keys: list[str], args: dict[str, Any], action: Action, *, log: bool = True
+    ) -> web.Response:
         """Run one step: injected faults and latency first, then the action, then the call log entry."""
         fault = next((f for f in self.faults if f.matches(keys)), None)
-        flags: set[FaultKind] = set()
+        flags: Faults = {}
         started = time.monotonic()  # logged as t0: tests measure how many engines were in a step at once
         step = keys[1] if keys[0] == "collective_rpc" else keys[0]  # log RPCs by their method name
         if fault is not None:
@@ -255,7 +263,7 @@ class SimulatedEngine:
                 await asyncio.sleep(3600.0)  # cancelled by the crash: the client sees the connection drop
             elif rule.kind is FaultKind.HTTP_ERROR and rule.phase == "before":
                 return web.json_response(rule.body, status=rule.status)
-            flags.add(rule.kind)
+            flags[rule.kind] = rule
         fixed = self.latencies.fixed(keys)
         if fixed > 0:
             await asyncio.sleep(fixed)
@@ -275,10 +283,10 @@ class SimulatedEngine:
         return web.json_response(result, status=status), result
 
     async def _health(self, request: web.Request) -> web.Response:
-        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+        async def act(_: Faults) -> tuple[web.Response, Any]:
             return self._body(None)
 
-        return await self._step(["health"], {}, act, log=False)
+        return await self.run_step(["health"], {}, act, log=False)
 
     @property
     def admitted(self) -> bool:
@@ -286,128 +294,131 @@ class SimulatedEngine:
         return self.core.admitted
 
     async def _ready(self, request: web.Request) -> web.Response:
-        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+        async def act(_: Faults) -> tuple[web.Response, Any]:
             return self._admission(200 if self.core.admitted else 503)
 
-        return await self._step(["ready"], {}, act, log=False)
+        return await self.run_step(["ready"], {}, act, log=False)
 
     async def _admit(self, request: web.Request) -> web.Response:
         raw = await request.content.read(MAX_ADMIT_BODY_BYTES + 1)
         too_large = len(raw) > MAX_ADMIT_BODY_BYTES
-        revision, problem = (None, "too large") if too_large else _admit_revision(raw)
+        revision, instance, problem = (None, None, "too large") if too_large else _admit_body(raw)
 
-        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+        async def act(_: Faults) -> tuple[web.Response, Any]:
             if too_large:
                 message = f"the body is over {MAX_ADMIT_BODY_BYTES} bytes"
                 return _error(413, message, "PayloadTooLarge"), {"error": problem}
             if problem is not None:
                 return _error(400, problem), {"error": problem}
+            if instance is not None and instance != self.core.instance:
+                message = f"this is engine process {self.core.instance}, not {instance}: observe it again"
+                return _error(409, message, "Conflict"), {"error": "instance mismatch"}
             self.core.admit(revision)
             return self._admission(200)
 
-        return await self._step(["admit"], {"revision": revision}, act)
+        return await self.run_step(["admit"], {"revision": revision}, act)
 
     async def _withdraw(self, request: web.Request) -> web.Response:
-        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+        async def act(_: Faults) -> tuple[web.Response, Any]:
             self.core.withdraw()
             return self._admission(200)
 
-        return await self._step(["withdraw"], {}, act)
+        return await self.run_step(["withdraw"], {}, act)
 
     def _admission(self, status: int) -> tuple[web.Response, Any]:
         body = self.core.admission()
         return web.json_response(body, status=status, headers={"Cache-Control": "no-store"}), body
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+        async def act(_: Faults) -> tuple[web.Response, Any]:
             text = self.core.metrics_text()
             return web.Response(text=text, content_type="text/plain", charset="utf-8"), None
 
-        return await self._step(["metrics"], {}, act, log=False)
+        return await self.run_step(["metrics"], {}, act, log=False)
 
     async def _is_paused(self, request: web.Request) -> web.Response:
-        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+        async def act(_: Faults) -> tuple[web.Response, Any]:
             return self._body({"is_paused": self.core.paused})
 
-        return await self._step(["is_paused"], {}, act, log=False)
+        return await self.run_step(["is_paused"], {}, act, log=False)
 
     async def _pause(self, request: web.Request) -> web.Response:
         mode = request.query.get("mode", "abort")
         clear = request.query.get("clear_cache", "true").lower() in ("1", "true", "yes")
         args = {"mode": mode, "clear_cache": clear}
 
-        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+        async def act(_: Faults) -> tuple[web.Response, Any]:
             if mode not in ("keep", "wait", "abort"):
                 return _error(400, f"invalid pause mode {mode!r}"), {"error": "bad mode"}
             await self.core.pause(mode, clear)
             return self._body({"status": "paused"})
 
-        return await self._step(["pause", f"pause:{mode}"], args, act)
+        return await self.run_step(["pause", f"pause:{mode}"], args, act)
 
     async def _resume(self, request: web.Request) -> web.Response:
-        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+        async def act(_: Faults) -> tuple[web.Response, Any]:
             await self.core.resume()
             return self._body({"status": "resumed"})
 
-        return await self._step(["resume"], {}, act)
+        return await self.run_step(["resume"], {}, act)
 
     async def _sleep(self, request: web.Request) -> web.Response:
         level_text, mode = request.query.get("level", "1"), request.query.get("mode", "abort")
         args = {"level": level_text, "mode": mode}
 
-        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+        async def act(_: Faults) -> tuple[web.Response, Any]:
             try:
                 await self.core.sleep(int(level_text), mode)
             except (InternalError, ValueError):
                 return _internal(), {"error": "internal"}
             return self._body(None)
 
-        return await self._step(["sleep", f"sleep:{level_text}"], args, act)
+        return await self.run_step(["sleep", f"sleep:{level_text}"], args, act)
 
     async def _wake_up(self, request: web.Request) -> web.Response:
         tags = request.query.getall("tags", [])
         keys = ["wake_up", *(f"wake_up:{t}" for t in tags)]
 
-        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+        async def act(_: Faults) -> tuple[web.Response, Any]:
             try:
                 await self.core.wake_up(list(tags) or None)
             except InternalError:
                 return _internal(), {"error": "internal"}
             return self._body(None)
 
-        return await self._step(keys, {"tags": list(tags)}, act)
+        return await self.run_step(keys, {"tags": list(tags)}, act)
 
     async def _is_sleeping(self, request: web.Request) -> web.Response:
-        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+        async def act(_: Faults) -> tuple[web.Response, Any]:
             return self._body({"is_sleeping": self.core.is_sleeping})
 
-        return await self._step(["is_sleeping"], {}, act, log=False)
+        return await self.run_step(["is_sleeping"], {}, act, log=False)
 
     async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
         running = request.query.get("reset_running_requests", "false").lower() in ("1", "true")
 
-        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+        async def act(_: Faults) -> tuple[web.Response, Any]:
             return self._body({"success": self.core.reset_prefix_cache(running)})
 
-        return await self._step(["reset_prefix_cache"], {"reset_running_requests": running}, act)
+        return await self.run_step(["reset_prefix_cache"], {"reset_running_requests": running}, act)
 
     async def _update_weight_version(self, request: web.Request) -> web.Response:
         body = await _json(request)
         version = body.get("new_version") if isinstance(body, dict) else None
 
-        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+        async def act(_: Faults) -> tuple[web.Response, Any]:
             if not isinstance(version, str):
                 return _error(400, "Field required: new_version"), {"error": "missing new_version"}
             self.core.weight_version = version
             return self._body({"success": True, "new_version": version})
 
-        return await self._step(["update_weight_version"], {"new_version": version}, act)
+        return await self.run_step(["update_weight_version"], {"new_version": version}, act)
 
     async def _weight_info(self, request: web.Request) -> web.Response:
-        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+        async def act(_: Faults) -> tuple[web.Response, Any]:
             return self._body({"weight_version": self.core.weight_version})
 
-        return await self._step(["weight_info"], {}, act, log=False)
+        return await self.run_step(["weight_info"], {}, act, log=False)
 
     async def _collective_rpc(self, request: web.Request) -> web.Response:
         body = await _json(request)
@@ -419,11 +430,11 @@ class SimulatedEngine:
         kwargs = body.get("kwargs") or {}
         timeout = body.get("timeout")
         keys = ["collective_rpc", str(method)]
-        if method in ("rolloutfleet_load", "rolloutfleet_preflight") and isinstance(kwargs, dict):
+        if method in TARGETED_RPCS and isinstance(kwargs, dict):
             keys.append(f"{method}:{kwargs.get('target')}")
         args = {"method": method, "args": body.get("args") or [], "kwargs": kwargs, "timeout": timeout}
 
-        async def act(flags: set[FaultKind]) -> tuple[web.Response, Any]:
+        async def act(flags: Faults) -> tuple[web.Response, Any]:
             try:
                 results = await self.core.rpc(
                     str(method),
@@ -438,7 +449,7 @@ class SimulatedEngine:
 
         # State reads and pre-flights change nothing: keep them out of the log unless a fault fired.
         log = method not in ("rolloutfleet_state", "rolloutfleet_preflight")
-        return await self._step(keys, args, act, log=log)
+        return await self.run_step(keys, args, act, log=log)
 
     async def _completions(self, request: web.Request) -> web.Response:
         body = await _json(request)
@@ -454,11 +465,13 @@ class SimulatedEngine:
         max_tokens = int(body.get("max_tokens") or 16)
         args = {"prompt_len": len(prompt_ids), "max_tokens": max_tokens}
 
-        async def act(_: set[FaultKind]) -> tuple[web.Response, Any]:
+        async def act(_: Faults) -> tuple[web.Response, Any]:
             try:
                 out = await self.core.complete(prompt_ids, max_tokens)
             except RejectedError as exc:
                 return _error(503, str(exc), "ServiceUnavailableError"), {"error": "paused"}
+            except InternalError as exc:
+                return _error(500, str(exc), "InternalServerError"), {"error": str(exc)}
             choice: dict[str, Any] = {
                 "index": 0,
                 "text": "",
@@ -502,7 +515,7 @@ class SimulatedEngine:
             }
             return web.json_response(payload), served
 
-        return await self._step(["completions"], args, act)
+        return await self.run_step(["completions"], args, act)
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -510,20 +523,22 @@ class SimulatedEngine:
         )
 
 
-def _admit_revision(raw: bytes) -> tuple[int | None, str | None]:
-    """``rolloutfleet_worker.admission.parse_revision``: (revision, None) or (None, why the body is refused)."""
+def _admit_body(raw: bytes) -> tuple[int | None, str | None, str | None]:
+    """``rolloutfleet_worker.admission.parse_admit``: (revision, instance, None) or (.., why it is refused)."""
     try:
         body = json.loads(raw) if raw.strip() else None
     except (ValueError, UnicodeDecodeError):
-        return None, "the body is not JSON"
+        return None, None, "the body is not JSON"
     if not isinstance(body, dict) or "revision" not in body:
-        return None, 'the body must be a JSON object {"revision": <int or null>}'
-    revision = body["revision"]
+        return None, None, 'the body must be a JSON object {"revision": <int or null>}'
+    revision, instance = body["revision"], body.get("instance")
+    if instance is not None and (not isinstance(instance, str) or not instance or len(instance) > 64):
+        return None, None, "instance must be a non-empty string of at most 64 characters"
     if revision is None:
-        return None, None
+        return None, instance, None
     if isinstance(revision, bool) or not isinstance(revision, int) or revision < 0:
-        return None, "revision must be a non-negative integer or null"
-    return revision, None
+        return None, None, "revision must be a non-negative integer or null"
+    return revision, instance, None
 
 
 async def _json(request: web.Request) -> Any:

@@ -8,6 +8,9 @@ never read: their digest is BLAKE3 of the path, their size is configured (see ``
 
 Validation mirrors the extension's error codes: ``invalid_path`` for relative paths, ``..`` components
 and missing directories; ``io`` for a directory without ``*.safetensors`` files or a digest failure.
+``scan_headers`` (the project's header scanner, with the worker's dtype rule) and ``matches_shared`` (the
+worker's shared-tensor rule) serve the engine's pre-flight and the weight-transfer sessions
+(``rolloutfleet.sim.transfer``), which take the simulated model's parameters from a checkpoint's headers.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import dataclasses
 import importlib
 import pathlib
 from collections.abc import Callable
+from typing import Any
 
 import blake3
 
@@ -121,8 +125,17 @@ class Slot:
     nothing is claimed for the weights ``vllm serve`` loaded at start-up, a load clears the claim first
     (fail closed), a level-2 sleep marks the slot ``lost`` until the next good load, and nothing is
     reported while the weights are unmapped (asleep). ``content`` is the truth the extension cannot see
-    directly: ``(kind, path, revision)`` with kind ``initial``/``loaded``/``corrupt``/``partial``, or None
-    when memory reads zero (after a level-2 sleep). Tokens and spec-decode acceptance derive from it.
+    directly: ``(kind, path, revision)`` with kind ``initial``/``loaded``/``pushed``/``corrupt``/``partial``,
+    or None when memory reads zero (after a level-2 sleep). Tokens and spec-decode acceptance derive from it.
+    A pushed content's ``path`` is ``"push:" + digest`` of the bytes received (``rolloutfleet.sim.transfer``).
+
+    Weight-transfer sessions add three flags (docs/push.md, ``rolloutfleet.sim.transfer``): ``on_meta`` —
+    vLLM's layerwise reload holds the parameters on the ``meta`` device (from a session's start to its
+    finish): no forward pass, no level-2 sleep; ``broken`` — a failed update left them there, until
+    ``wake_up(tags=weights)`` (measured) or a restart; and ``destroyed`` — the extension's verdict on a
+    failed, incomplete or abandoned push session, sticky until the engine restarts (as
+    ``rolloutfleet_worker.extension``). A broken or destroyed target reports ``destroyed: true`` and no
+    claim, and refuses loads.
     """
 
     content: tuple[str, str, int | None] | None
@@ -131,11 +144,24 @@ class Slot:
     path: str | None = None
     verified: bool = False
     lost: bool = False
+    destroyed: bool = False
+    broken: bool = False
+    on_meta: bool = False
+
+    @property
+    def unusable(self) -> bool:
+        """Reported ``destroyed``: the extension gave it up, or a failed update left it on ``meta``."""
+        return self.destroyed or self.broken
 
     def report(self, mapped: bool) -> dict[str, object]:
-        if not mapped or self.lost:
-            return {"revision": None, "digest": None, "path": None, "verified": False}
-        return {"revision": self.revision, "digest": self.digest, "path": self.path, "verified": self.verified}
+        if not mapped or self.lost or self.unusable:
+            return {"revision": None, "digest": None, "path": None, "verified": False, "destroyed": self.unusable}
+        claim = {"revision": self.revision, "digest": self.digest, "path": self.path, "verified": self.verified}
+        return {**claim, "destroyed": False}
+
+    def unclaim(self) -> None:
+        """Fail closed: nothing is claimed until a load or a session verifies the contents again."""
+        self.revision, self.digest, self.path, self.verified = None, None, None, False
 
     def discard(self) -> None:
         """Level-2 sleep: memory is freed; after wake it reads zero and the claim is void."""
@@ -157,12 +183,75 @@ class Slot:
     @property
     def good(self) -> bool:
         """Memory holds a whole checkpoint as published (not zeros, not half-written, not corrupt)."""
-        return self.content is not None and self.content[0] in ("initial", "loaded")
+        return self.content is not None and self.content[0] in ("initial", "loaded", "pushed")
 
 
 def same_checkpoint_generation(verifier: Slot, draft: Slot) -> bool:
-    """A co-updated pair matches when both hold good content of the same revision (or both initial)."""
+    """A co-updated pair matches when both hold good content of the same revision (or both initial).
+
+    Loaded and pushed content of one revision match (sources may be mixed, docs/push.md); a pushed content
+    knows its revision only from ``rolloutfleet_push_begin`` (None for a bare vLLM session).
+    """
     if not (verifier.good and draft.good):
         return False
     assert verifier.content is not None and draft.content is not None
-    return verifier.content[0] == draft.content[0] and verifier.content[2] == draft.content[2]
+
+    def generation(content: tuple[str, str, int | None]) -> tuple[str, int | None]:
+        return ("initial", None) if content[0] == "initial" else ("revision", content[2])
+
+    return generation(verifier.content) == generation(draft.content)
+
+
+# What ``rolloutfleet_worker.loader_base.torch_dtype`` maps to a torch dtype: anything else fails with ``io``.
+LOADABLE_DTYPES = frozenset(
+    {"BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64", "F16", "BF16", "F32", "F64", "C64"}
+    | {"F8_E4M3", "F8_E5M2", "F8_E8M0"}
+)
+
+
+def _header_scanner() -> Callable[[str], list[Any]]:
+    """The project's safetensors header scanner (``scan_directory``), looked up by name like the digest
+    (``digest_function``): ``rolloutfleet.digest`` first, the one module that may reach the worker."""
+    for module_name in ("rolloutfleet.digest", "rolloutfleet_worker.digest"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        fn = getattr(module, "scan_directory", None)
+        if callable(fn):
+            return fn  # type: ignore[no-any-return]
+    raise LoadError("io", "no header scanner: rolloutfleet_worker.digest.scan_directory is missing")
+
+
+def scan_headers(path: str) -> list[Any]:
+    """Every tensor's header entry in ``path`` (``TensorInfo``), dtypes checked; ``io`` for what the worker
+    would refuse (a missing or unreadable file, a corrupt or truncated header, a name twice, a dtype)."""
+    scan = _header_scanner()
+    try:
+        infos = scan(path)
+    except Exception as exc:  # CheckpointError: the extension answers "io" with its message
+        raise LoadError("io", str(exc)) from exc
+    for info in infos:
+        if info.dtype not in LOADABLE_DTYPES:
+            raise LoadError("io", f"{info.file}: dtype {info.dtype!r} not supported by this torch")
+    return infos
+
+
+def matches_shared(tensor_name: str, shared: tuple[str, ...]) -> bool:
+    """``rolloutfleet_worker.models.matches_shared``: whether a checkpoint tensor lands in a shared parameter
+    (names compared with ``model.`` prefixes stripped; a dotted suffix of two components or more matches)."""
+
+    def strip(name: str) -> str:
+        while name.startswith("model."):
+            name = name[len("model.") :]
+        return name
+
+    a = strip(tensor_name)
+    for s in shared:
+        b = strip(s)
+        if a == b:
+            return True
+        shorter, longer = (a, b) if len(a) < len(b) else (b, a)
+        if shorter.count(".") >= 1 and longer.endswith("." + shorter):
+            return True
+    return False

@@ -128,7 +128,9 @@ async def test_admission_is_lost_with_the_process_and_visible_to_an_observer(fle
     sim = await fleet.add("127.0.0.1", 0)
     async with aiohttp.ClientSession() as s:
         async with s.get(sim.url + "/rolloutfleet/ready") as r:
-            assert r.status == 503 and await r.json() == {"admitted": False}
+            assert r.status == 503 and {k: v for k, v in (await r.json()).items() if k != "instance"} == {
+                "admitted": False
+            }
         async with s.post(sim.url + "/rolloutfleet/admit", json={"revision": 4}) as r:
             assert r.status == 401
         async with s.post(sim.url + "/rolloutfleet/admit", json={"revision": 4}, headers=AUTH) as r:
@@ -151,6 +153,6 @@ async def test_admission_is_lost_with_the_process_and_visible_to_an_observer(fle
         async with s.post(sim.url + "/rolloutfleet/admit", json={"revision": None}, headers=AUTH) as r:
             assert r.status == 200
         async with s.post(sim.url + "/rolloutfleet/withdraw", headers=AUTH) as r:
-            assert r.status == 200 and await r.json() == {"admitted": False}
+            assert r.status == 200 and (await r.json())["admitted"] is False
     steps = [e["step"] for e in sim.log.entries if e["step"] in ("admit", "withdraw", "crash", "restart")]
     assert steps == ["admit", "crash", "restart", "admit", "withdraw"]
