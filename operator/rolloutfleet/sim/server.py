@@ -28,8 +28,9 @@ Faults (``FaultRule``) act after authentication, per step.
 
 The middleware's admission routes (``rolloutfleet_worker.admission``), same bodies and codes:
 ``GET /rolloutfleet/ready`` (open) → 200 ``{"admitted": true, "revision", "since"}`` or 503
-``{"admitted": false}`` (every answer also names the process: ``instance``); ``POST /rolloutfleet/admit`` ``{"revision": int|null, "instance"?}`` (token) → 200 as ready's, 409 for another instance,
-400 for a malformed body, 413 over 4 KiB; ``POST /rolloutfleet/withdraw`` (token) → 200 ``{"admitted": false}``. A crash
+``{"admitted": false}`` (every answer also names the process: ``instance``); ``POST /rolloutfleet/admit``
+``{"revision": int|null, "instance"?}`` (token) → 200 as ready's, 409 for another instance, 400 for a
+malformed body, 413 over 4 KiB; ``POST /rolloutfleet/withdraw`` (token) → 200 ``{"admitted": false}``. A crash
 or restart ends the process, and with it the admission. Fault steps: ``ready``, ``admit``, ``withdraw``.
 """
 
