@@ -246,6 +246,7 @@ class RolloutPass:
             if unread:
                 self.stale |= unread
                 chosen = {p: d for p, d in chosen.items() if p not in unread}
+            chosen = {p: d for p, d in chosen.items() if p not in self.restarted}  # gone: the next pass sees
             opens = [p for p, d in chosen.items() if d.step in push.OPEN_STEPS]
             if opens:  # one epoch per set of sessions opened together (docs/push.md, "Handshake")
                 self.push_epoch = push.next_epoch(self.push_epoch, self.states.values())

@@ -279,7 +279,9 @@ def condition(status: Manifest, type_: str) -> Manifest | None:
     return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)
 
 
-def fleet_manifest(root: pathlib.Path, replicas: int, port: int, strategy: Manifest) -> Manifest:
+def fleet_manifest(
+    root: pathlib.Path, replicas: int, port: int, strategy: Manifest, extra: Manifest | None = None
+) -> Manifest:
     spec = {
         "replicas": replicas,
         "image": "vllm-rolloutfleet:0.33.0",
@@ -288,6 +290,7 @@ def fleet_manifest(root: pathlib.Path, replicas: int, port: int, strategy: Manif
         "draft": {"method": "draft_model", "path": str(root / "policy/step-0/draft"), "policy": "coUpdate"},
         "weights": {"claimName": "ckpt", "mountPath": str(root), "allowedRoots": [str(root / "policy")]},
         "updateStrategy": strategy,
+        **(extra or {}),
     }
     parsed, errors = validation.parse_fleet_spec(spec)
     assert parsed is not None and not errors, errors
@@ -311,6 +314,7 @@ async def harness(
     max_unavailable: int | str = 1,
     max_retries: int = 1,
     reconcile_fleet: bool = True,
+    fleet_extra: Manifest | None = None,
     **strategy: Any,
 ) -> AsyncIterator[Harness]:
     """A fleet of ``replicas`` pods; the first ``unreachable`` of them have IPs nothing listens on."""
@@ -338,6 +342,7 @@ async def harness(
                 "timeouts": {"wakeSeconds": 30, "loadSeconds": 30},
                 **strategy,
             },
+            fleet_extra,
         )
         stored = kube.apply_user(body)
         sim.spec = engine_spec_for(stored)

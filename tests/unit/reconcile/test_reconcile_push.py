@@ -1,0 +1,275 @@
+"""Pushed revisions end to end in one process: ``FakeKube``, simulated engines over HTTP, real passes, and a
+test trainer that follows the handshake of docs/push.md (it reads the sessions from the revision's status,
+sends with the simulated transport, and marks the revision).
+
+Orders are read from the engines' call logs: per pod, verifier session → verify → draft session → verify
+→ resume; nothing serves a failed, partial or unverified session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import pathlib
+from typing import Any
+
+import aiohttp
+import pytest
+from reconcile_fakes import TOKEN, Harness, call_name, harness, ok_calls
+from safetensors.numpy import load_file
+
+from rolloutfleet.api import common
+from rolloutfleet.digest import digest_directory
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(90)]
+
+PUSH_FLEET = {"weightTransfer": {"backend": "ipc"}}
+TORCH_NAMES = {"float32": "float32"}  # numpy dtype name -> the torch spelling vLLM's update_info carries
+
+
+def pushed_revision(h: Harness, name: str, revision: int, **extra: Any) -> dict[str, Any]:
+    verifier, draft = h.checkpoint(revision)
+    spec: dict[str, Any] = {
+        "fleetRef": {"name": h.fleet},
+        "revision": revision,
+        "verifier": {"push": {}, "digest": digest_directory(verifier)},
+        "draft": {"push": {}, "digest": digest_directory(draft)},
+        **extra,
+    }
+    body = {
+        "apiVersion": common.API_VERSION,
+        "kind": "WeightRevision",
+        "metadata": {"name": name, "namespace": h.namespace},
+        "spec": spec,
+    }
+    return h.kube.apply_user(body)
+
+
+def update_info(checkpoint: str, *, bad_shape: bool = False) -> dict[str, Any]:
+    tensors = load_file(str(pathlib.Path(checkpoint) / "model.safetensors"))
+    names = sorted(tensors)
+    shapes = [list(tensors[n].shape) for n in names]
+    if bad_shape:
+        shapes[0] = [shapes[0][0] * shapes[0][1]]  # same bytes, another shape: vLLM's load fails
+    return {
+        "names": names,
+        "dtype_names": [TORCH_NAMES[str(tensors[n].dtype)] for n in names],
+        "shapes": shapes,
+        "simulated_payload_b64": [base64.b64encode(tensors[n].tobytes()).decode() for n in names],
+    }
+
+
+class Trainer:
+    """The trainer's side of the handshake, by hand (``rolloutfleet.trainer.push`` is the library one)."""
+
+    def __init__(self, h: Harness, revision_name: str, revision: int) -> None:
+        self.h, self.name = h, revision_name
+        self.verifier, self.draft = h.checkpoint(revision)
+        self.served: dict[str, int] = {}
+
+    def sessions(self, target: str) -> list[dict[str, Any]]:
+        push = self.h.revision_status(self.name).get("push") or {}
+        return [s for s in push.get("sessions") or [] if s["target"] == target]
+
+    async def send(self, target: str, *, bad_shape: bool = False) -> int:
+        sessions = [s for s in self.sessions(target) if s["epoch"] > self.served.get(target, 0)]
+        assert sessions, f"no {target} session is open: {self.h.revision_status(self.name).get('push')}"
+        info = update_info(self.verifier if target == "verifier" else self.draft, bad_shape=bad_shape)
+        async with aiohttp.ClientSession() as http:
+            for s in sessions:
+                async with http.post(
+                    f"http://{s['address']}/update_weights",
+                    json={"update_info": info},
+                    headers={"Authorization": f"Bearer {TOKEN}"},
+                ) as r:
+                    assert (r.status == 200) != bad_shape, await r.text()
+        epoch = max(s["epoch"] for s in sessions)
+        self.mark(target, str(epoch))
+        self.served[target] = epoch
+        return len(sessions)
+
+    def mark(self, target: str, value: str) -> None:
+        body = self.h.kube.peek(common.API_VERSION, "WeightRevision", self.h.namespace, self.name)
+        assert body is not None
+        annotations = dict(body["metadata"].get("annotations") or {})
+        annotations[f"push.rolloutfleet.io/{target}"] = value
+        body["metadata"]["annotations"] = annotations
+        self.h.kube.apply_user(body)
+
+
+def session_calls(log: list[dict[str, Any]]) -> list[str]:
+    keep = (
+        "rolloutfleet_push_begin",
+        "start_weight_update",
+        "start_draft_weight_update",
+        "update_weights",
+        "finish_weight_update",
+        "rolloutfleet_push_end",
+        "resume",
+    )
+    return [call_name(e) for e in ok_calls(log) if call_name(e).split(":")[0] in keep]
+
+
+async def test_push_all_at_once_verifier_then_draft_then_resume_on_every_pod(tmp_path: pathlib.Path) -> None:
+    """The transaction of docs/push.md, per pod in the engines' own logs: the draft session opens only once
+    the verifier's session was verified, and nothing resumes before both were; the fleet records that it
+    serves pushed weights (so no rollback to them by path is ever attempted)."""
+    async with harness(tmp_path, replicas=3, mode="inflight", fleet_extra=PUSH_FLEET) as h:
+        pushed_revision(h, "step-1", 1)
+        trainer = Trainer(h, "step-1", 1)
+        outcome = await h.run_pass()  # opens the verifier sessions, then waits for the trainer
+        assert not outcome.idle
+        status = h.revision_status("step-1")
+        assert status["push"]["protocol"] == 1 and status["push"]["epoch"] >= 1
+        assert {c["type"]: c["reason"] for c in status["conditions"]}["SessionsOpen"] == "VerifierSessionsOpen"
+        assert await trainer.send("verifier") == 3
+        await h.run_pass()  # ends and verifies the verifier sessions, opens the draft sessions
+        assert all(h.served(p).verifier == 1 and h.served(p).paused for p in h.pods)
+        assert await trainer.send("draft") == 3
+        await h.settle()
+
+        assert h.revision_status("step-1")["phase"] == "Succeeded"
+        served = h.fleet_status()["served"]
+        assert served["verifierPushed"] and served["draftPushed"] and "verifierPath" not in served
+        for pod in h.pods:
+            assert h.served(pod) == (1, 1, False), pod
+            assert session_calls(h.engine_log(pod)) == [
+                "rolloutfleet_push_begin:verifier",
+                "start_weight_update",
+                "update_weights",
+                "finish_weight_update",
+                "rolloutfleet_push_end",
+                "rolloutfleet_push_begin:draft",
+                "start_draft_weight_update",
+                "update_weights",
+                "finish_weight_update",
+                "rolloutfleet_push_end",
+                "resume",
+            ], pod
+        digests = {p["verifierDigest"] for p in h.revision_status("step-1")["pods"]}
+        assert digests == {digest_directory(trainer.verifier)}
+
+
+async def test_push_rolling_moves_one_pod_per_epoch_and_never_two_out(tmp_path: pathlib.Path) -> None:
+    """Rolling with maxUnavailable 1: sessions open on one pod at a time, each set under a new epoch; the
+    trainer serves each epoch as it appears."""
+    async with harness(
+        tmp_path, replicas=3, mode="inflight", rollout="Rolling", max_unavailable=1, fleet_extra=PUSH_FLEET
+    ) as h:
+        pushed_revision(h, "step-1", 1)
+        trainer = Trainer(h, "step-1", 1)
+        epochs = []
+        for _ in range(3):
+            await h.run_pass()
+            assert len(trainer.sessions("verifier")) == 1
+            epochs.append(trainer.sessions("verifier")[0]["epoch"])
+            await trainer.send("verifier")
+            await h.run_pass()
+            await trainer.send("draft")
+            await h.run_pass()
+        await h.settle()
+        assert h.revision_status("step-1")["phase"] == "Succeeded"
+        assert epochs == sorted(set(epochs))  # a new epoch per set of sessions, never reused
+        assert all(h.served(p) == (1, 1, False) for p in h.pods)
+
+
+async def test_a_failed_draft_session_never_serves_and_the_pod_is_restarted(tmp_path: pathlib.Path) -> None:
+    """A wrong shape in the draft session fails the update (vLLM leaves the draft on meta): the pod must
+    never resume on it; the operator deletes it (only a new process repairs it)."""
+    async with harness(tmp_path, replicas=2, mode="inflight", max_retries=0, fleet_extra=PUSH_FLEET) as h:
+        h.apply_revision("step-1", 1)  # a path revision first: what a failed push rolls back to
+        await h.settle()
+        pushed_revision(h, "step-2", 2)
+        trainer = Trainer(h, "step-2", 2)
+        await h.run_pass()
+        await trainer.send("verifier")
+        await h.run_pass()
+        await trainer.send("draft", bad_shape=True)
+        await h.run_pass()  # ends the failed sessions: the draft is destroyed
+        await h.run_pass()  # restarts the pods
+        deleted = [p for p in h.pods if h.kube.peek("v1", "Pod", h.namespace, p) is None]
+        assert deleted == h.pods
+        for pod in h.pods:
+            names = [call_name(e) for e in ok_calls(h.engine_log(pod))]
+            assert "resume" not in names[names.index("rolloutfleet_push_begin:verifier") :], pod
+        assert any(e["reason"] == "EngineRestarted" for e in h.kube.events)
+        for pod in list(h.pods):
+            await recreate(h, pod)
+        await h.settle()
+        status = h.revision_status("step-2")
+        assert status["phase"] == "RolledBack", status.get("message")
+        assert all(h.served(p) == (1, 1, False) for p in h.pods)  # back on the path revision, by path
+
+
+async def test_a_trainer_that_never_sends_meets_the_push_deadline(tmp_path: pathlib.Path) -> None:
+    """Every wait has a deadline: an unmarked session is abandoned after pushSeconds (a failed attempt), the
+    pod is restarted rather than left with its target on meta, and once its StatefulSet recreated it the
+    revision rolls back to what the fleet served (the initial weights, by path)."""
+    async with harness(
+        tmp_path,
+        replicas=1,
+        mode="inflight",
+        max_retries=0,
+        fleet_extra=PUSH_FLEET,
+        timeouts={"wakeSeconds": 30, "loadSeconds": 30, "pushSeconds": 1},
+    ) as h:
+        pod = h.pods[0]
+        pushed_revision(h, "step-1", 1)
+        await h.run_pass()
+        assert len(Trainer(h, "step-1", 1).sessions("verifier")) == 1
+        await asyncio.sleep(1.2)
+        await h.run_pass()  # abandons: the deadline passed
+        await h.run_pass()  # restarts the pod
+        assert h.kube.peek("v1", "Pod", h.namespace, pod) is None
+        names = [call_name(e) for e in ok_calls(h.engine_log(pod))]
+        assert "resume" not in names[names.index("rolloutfleet_push_begin:verifier") :]
+        await recreate(h, pod)
+        await h.settle()
+        status = h.revision_status("step-1")
+        assert (status["phase"], status["reason"]) == ("RolledBack", "RolledBack")
+        assert [(f["name"], f["reason"]) for f in status["failures"]] == [(pod, "PushAbandoned")]
+        served = h.served(pod)  # the new pod serves the initial weights (revision 0 or never loaded: None)
+        assert served.verifier in (None, 0) and served.draft in (None, 0) and not served.paused
+
+
+async def recreate(h: Harness, pod: str) -> None:
+    """What the StatefulSet controller does after the operator deleted a pod: the same name, a new engine."""
+    await h.sim.remove(h.pod_ips.pop(pod), h.port)
+    await h.add_pod(pod)
+
+
+async def test_the_trainers_error_mark_ends_the_sessions(tmp_path: pathlib.Path) -> None:
+    async with harness(tmp_path, replicas=2, mode="inflight", max_retries=0, fleet_extra=PUSH_FLEET) as h:
+        pushed_revision(h, "step-1", 1)
+        trainer = Trainer(h, "step-1", 1)
+        await h.run_pass()
+        trainer.mark("error", "CUDA out of memory on rank 0")
+        await h.run_pass()
+        status = h.revision_status("step-1")
+        messages = " ".join(p.get("message") or "" for p in status["pods"])
+        assert "CUDA out of memory" in messages, status["pods"]
+        assert all(not h.served(p).verifier for p in h.pods)
+
+
+async def test_an_operator_restarted_mid_push_continues_from_the_engines(tmp_path: pathlib.Path) -> None:
+    """Nothing of a push lives only in the operator's memory: a new operator process (no memory) finds the
+    open sessions and their epochs on the engines and the trainer's marks on the revision, and finishes."""
+    async with harness(tmp_path, replicas=2, mode="inflight", fleet_extra=PUSH_FLEET) as h:
+        pushed_revision(h, "step-1", 1)
+        trainer = Trainer(h, "step-1", 1)
+        await h.run_pass()
+        await trainer.send("verifier")
+        await forget(h)  # the operator is SIGKILLed after the trainer marked, before it ended the sessions
+        await h.run_pass()
+        await forget(h)  # and again with the draft sessions open
+        await trainer.send("draft")
+        await h.settle()
+        assert h.revision_status("step-1")["phase"] == "Succeeded"
+        assert all(h.served(p) == (1, 1, False) for p in h.pods)
+
+
+async def forget(h: Harness) -> None:
+    """A new operator process: the fleet's memory (pool, attempts, epochs in flight) is gone."""
+    memory = h.ctx.fleets.pop((h.namespace, h.fleet), None)
+    if memory is not None and memory.pool is not None:
+        await memory.pool.close()
