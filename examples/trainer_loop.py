@@ -36,9 +36,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from rolloutfleet.publish import custom_objects_api, list_revisions, make_api_client, publish_revision, read_fleet
 from rolloutfleet.sandbox.binaries import cache_root
-from rolloutfleet.trainer_errors import PublishError
+from rolloutfleet.trainer import PublishError, make_api_client, publish_revision
+from rolloutfleet.trainer.kube import custom_objects_api, list_revisions, read_fleet
 
 VOCAB, SEQ, BATCH = 64, 16, 32
 

@@ -2,7 +2,7 @@
 
 Only the official ``kubernetes`` client; copy it into a trainer. The identity that runs it needs
 ``create``/``get``/``list``/``watch`` on ``weightrevisions`` in the fleet's namespace. For digests, typed
-errors and an async variant, use ``rolloutfleet.publish`` instead (docs/trainer.md).
+errors and an async variant, use ``rolloutfleet.trainer`` (``publish_revision``) instead (docs/trainer.md).
 
     python publish_and_wait.py --namespace rl --fleet policy-7b --step 42 \\
         --verifier /weights/policy-7b/step-42/verifier --draft /weights/policy-7b/step-42/draft

@@ -1,6 +1,6 @@
 """rolloutfleet: a kopf operator that moves vLLM rollout fleets to new policy weights, verified.
 
-Importing this package must stay cheap and side-effect free: trainers import ``rolloutfleet.publish``
+Importing this package must stay cheap and side-effect free: trainers import ``rolloutfleet.trainer``
 without kopf running, and the sandbox imports it before any cluster exists.
 """
 

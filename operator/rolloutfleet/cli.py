@@ -18,9 +18,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sandbox": ("rolloutfleet.sandbox.commands", "the local control plane: build, up, down, status, demo"),
     "sim": ("rolloutfleet.sim.commands", "run simulated vLLM engines (GPU-free, for tests and the sandbox)"),
     "run": ("rolloutfleet.handlers.commands", "run the operator"),
-    "publish": ("rolloutfleet.trainer_cli.publish", "publish a WeightRevision from checkpoints and wait until Ready"),
-    "status": ("rolloutfleet.trainer_cli.status", "show which pod of a fleet serves which weights"),
-    "wait": ("rolloutfleet.trainer_cli.wait", "wait until a WeightRevision is Ready (or say why it failed)"),
+    "publish": ("rolloutfleet.trainer.cli.publish", "publish a WeightRevision from checkpoints and wait until Ready"),
+    "status": ("rolloutfleet.trainer.cli.status", "show which pod of a fleet serves which weights"),
+    "wait": ("rolloutfleet.trainer.cli.wait", "wait until a WeightRevision is Ready (or say why it failed)"),
 }
 
 

@@ -42,7 +42,8 @@ def _contract(fragment: str) -> str:
     return matches[0]
 
 
-LAYERS = _contract("layers (exhaustive)")
+LAYERS = _contract("rolloutfleet layers (exhaustive)")
+TRAINER_LAYERS = _contract("trainer client layers (exhaustive)")
 TOOLING = _contract("test tooling")
 ACYCLIC = _contract("no import cycles")
 TRAINER_TO_OPERATOR = _contract("trainer client never imports")
@@ -78,13 +79,33 @@ PLANTS: dict[str, tuple[str, str, set[str]]] = {
     "cycle-in-planning": ("rolloutfleet/planning/transaction.py", "import rolloutfleet.planning.revisions", {ACYCLIC}),
     # A new top-level module that no layer declares (exhaustive = true).
     "undeclared-module": ("rolloutfleet/shortcut.py", '"""A module no layer declares."""', {LAYERS}),
-    # Downward by tier, so the layers allow these; only the boundary between the two products stops them.
-    "trainer-to-planning": ("rolloutfleet/publish.py", "import rolloutfleet.planning.rollout", {TRAINER_TO_OPERATOR}),
+    "undeclared-trainer-module": (
+        "rolloutfleet/trainer/shortcut.py",
+        '"""A module no layer declares."""',
+        {TRAINER_LAYERS},
+    ),
+    # Downward by tier, so the layers allow it; only the boundary between the two products stops it.
+    "trainer-to-planning": (
+        "rolloutfleet/trainer/publish.py",
+        "import rolloutfleet.planning.rollout",
+        {TRAINER_TO_OPERATOR},
+    ),
+    # The trainer package sits level with the handlers, so this is upward for the layers too; the boundary
+    # contract states the same rule outright.
     "resources-to-trainer": (
         "rolloutfleet/resources/labels.py",
-        "import rolloutfleet.trainer_errors",
-        {OPERATOR_TO_TRAINER},
+        "import rolloutfleet.trainer.errors",
+        {LAYERS, OPERATOR_TO_TRAINER},
     ),
+    # Inside the trainer package: the lowest layer reaching up to the push client (also a cycle, since
+    # push imports errors).
+    "trainer-errors-to-push": (
+        "rolloutfleet/trainer/errors.py",
+        "import rolloutfleet.trainer.push",
+        {TRAINER_LAYERS, ACYCLIC},
+    ),
+    # torch anywhere in the trainer client but its one torch module (tensors) breaks the torch contract.
+    "trainer-push-imports-torch": ("rolloutfleet/trainer/push.py", "import torch", {NO_TORCH}),
     "planning-does-io": ("rolloutfleet/planning/rollout.py", "import kubernetes", {PURE}),
     "operator-imports-torch": ("rolloutfleet/adapters/engine.py", "import torch", {NO_TORCH}),
     "worker-imports-kopf": ("rolloutfleet_worker/auth.py", "import kopf", {WORKER}),
@@ -187,7 +208,7 @@ def test_production_modules_import_without_sim_and_sandbox(tmp_path: pathlib.Pat
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     imported = set(proc.stdout.split())
-    assert {"rolloutfleet.handlers.wiring", "rolloutfleet.cli", "rolloutfleet.trainer_cli.publish"} <= imported
+    assert {"rolloutfleet.handlers.wiring", "rolloutfleet.cli", "rolloutfleet.trainer.cli.publish"} <= imported
 
 
 def test_the_operator_image_strips_what_the_contract_calls_test_tooling() -> None:

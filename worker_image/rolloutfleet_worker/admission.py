@@ -46,10 +46,6 @@ class BodyError(ValueError):
     """A request body the admit route refuses (400)."""
 
 
-class InstanceMismatch(ValueError):
-    """An admit for another engine process than this one (409)."""
-
-
 class Admission:
     """The admission of this process. ``clock`` is wall-clock seconds (``since`` is a Unix time)."""
 

@@ -83,16 +83,28 @@ class PushMarks:
     """What the trainer said about a pushed revision (its annotations, docs/push.md), and the session rules.
 
     ``verifier_epoch``/``draft_epoch``: the highest epoch of sessions the trainer sent into (None: none yet);
-    ``error``: the trainer could not send (its sessions end as failed); ``deadline_s``: how long a session
-    waits for the trainer; ``can_open``: sessions may be opened (an active revision whose trainer is there,
-    not a catch-up of a served pushed revision, which only the next revision can bring).
+    ``error``: the trainer could not send; it ends the sessions it is about: of ``error_target`` up to
+    ``error_epoch`` when the trainer said so (``"<target> epoch <N>: ..."``), else every open session;
+    ``deadline_s``: how long a session waits for the trainer; ``can_open``: sessions may be opened (an
+    active revision whose trainer is there, not a catch-up of a served pushed revision, which only the
+    next revision can bring).
     """
 
     verifier_epoch: int | None = None
     draft_epoch: int | None = None
     error: str | None = None
+    error_target: Target | None = None
+    error_epoch: int | None = None
     deadline_s: float = 120.0
     can_open: bool = True
+
+    def failed(self, session: PushSession) -> bool:
+        """The trainer's error is about this session (a later session, e.g. a retry, is not affected)."""
+        if self.error is None:
+            return False
+        if self.error_target is None or self.error_epoch is None:
+            return True
+        return session.target == self.error_target and session.epoch <= self.error_epoch
 
     def sent(self, target: Target, epoch: int) -> bool:
         """The trainer marked ``epoch`` (or a later one) of ``target`` as sent."""
@@ -281,7 +293,7 @@ def _session_step(goal: Goal, session: PushSession) -> Decision:
         return Decision(Step.ABANDON_SESSION, f"the {where} is for revision {session.revision}")
     if goal.push.sent(session.target, session.epoch):
         return Decision(Step.END_SESSION, f"the trainer sent into the {where}")
-    if goal.push.error is not None:
+    if goal.push.failed(session):
         return Decision(Step.ABANDON_SESSION, f"the trainer could not send: {goal.push.error}")
     if session.age_s >= goal.push.deadline_s:
         return Decision(Step.ABANDON_SESSION, f"the trainer sent nothing into the {where} in {goal.push.deadline_s:g}s")

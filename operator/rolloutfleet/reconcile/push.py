@@ -10,10 +10,11 @@ epoch before every session of it was opened.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rolloutfleet.api.engine import EngineState
+from rolloutfleet.api.engine import EngineState, Target
 from rolloutfleet.api.fleet import RolloutFleetSpec, TransferBackend
 from rolloutfleet.api.revision import PUSH_ERROR_ANNOTATION, PushSessionStatus, pushed_annotation
 from rolloutfleet.planning import revisions
@@ -22,6 +23,8 @@ from rolloutfleet.planning.transaction import Goal, PushMarks, Step
 Manifest = dict[str, Any]
 OPEN_STEPS = frozenset({Step.OPEN_VERIFIER_SESSION, Step.OPEN_DRAFT_SESSION})
 ERROR_MAX = 512  # characters of the trainer's error kept in messages
+# "<target> epoch <N>: ..." (rolloutfleet.trainer.sessions.error): the sessions the error is about.
+_ERROR_SCOPE = re.compile(r"^(verifier|draft) epoch (\d+): ")
 
 
 def _epoch(value: object) -> int | None:
@@ -42,11 +45,14 @@ def marks(spec: RolloutFleetSpec, rev: revisions.Revision | None, *, rolling_bac
     if rev is None or rolling_back:
         return PushMarks(deadline_s=deadline, can_open=False)
     notes = (rev.body.get("metadata") or {}).get("annotations") or {}
-    error = notes.get(PUSH_ERROR_ANNOTATION)
+    error = str(notes.get(PUSH_ERROR_ANNOTATION) or "")
+    scope = _ERROR_SCOPE.match(error)
     return PushMarks(
         verifier_epoch=_epoch(notes.get(pushed_annotation("verifier"))),
         draft_epoch=_epoch(notes.get(pushed_annotation("draft"))),
-        error=None if not error else str(error)[:ERROR_MAX],
+        error=error[:ERROR_MAX] or None,
+        error_target=Target(scope[1]) if scope else None,
+        error_epoch=int(scope[2]) if scope else None,
         deadline_s=deadline,
         can_open=True,
     )

@@ -16,8 +16,7 @@ from sim_harness import FollowerThread
 
 from rolloutfleet import cli
 from rolloutfleet.digest import digest_directory
-from rolloutfleet.publish import async_publish_revision, publish_revision
-from rolloutfleet.trainer_errors import (
+from rolloutfleet.trainer.errors import (
     CheckpointMissing,
     FleetNotFound,
     InvalidRevision,
@@ -26,6 +25,7 @@ from rolloutfleet.trainer_errors import (
     RevisionFailed,
     RevisionNotNewer,
 )
+from rolloutfleet.trainer.publish import async_publish_revision, publish_revision
 
 pytestmark = pytest.mark.integration
 __all__ = ["live_fleet"]  # the fixture, imported from publish_support

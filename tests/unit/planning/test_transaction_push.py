@@ -113,6 +113,24 @@ CASES = [
         Step.ABANDON_SESSION,
     ),
     (
+        "the trainer's error about this target and epoch: abandon",
+        marked(PUSH, error="verifier epoch 3: policy-0: refused", error_target=Target.VERIFIER, error_epoch=3),
+        engine(v=None, vd=None, session=session(epoch=3)),
+        Step.ABANDON_SESSION,
+    ),
+    (
+        "an error about an earlier epoch leaves a retry's session alone",
+        marked(PUSH, error="verifier epoch 3: policy-0: refused", error_target=Target.VERIFIER, error_epoch=3),
+        engine(v=None, vd=None, session=session(epoch=4)),
+        Step.AWAIT_PUSH,
+    ),
+    (
+        "an error about the verifier leaves a draft session alone",
+        marked(PUSH, error="verifier epoch 3: x", error_target=Target.VERIFIER, error_epoch=9),
+        engine(v=2, vd=DV, d=None, dd=None, session=session(Target.DRAFT, epoch=5)),
+        Step.AWAIT_PUSH,
+    ),
+    (
         "an update into the session failed: end it (the extension reports the failure)",
         PUSH,
         engine(v=None, vd=None, session=session(error="shape mismatch")),

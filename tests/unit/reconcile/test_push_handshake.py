@@ -71,6 +71,11 @@ def test_marks_come_from_the_revisions_annotations_and_bad_values_mark_nothing()
     assert marks.sent(Target.VERIFIER, 7) and marks.sent(Target.VERIFIER, 6) and not marks.sent(Target.VERIFIER, 8)
     error = push.marks(_fleet(), _revision({"push.rolloutfleet.io/error": "x" * 2000}), rolling_back=False)
     assert error.error is not None and len(error.error) == push.ERROR_MAX
+    assert error.error_target is None  # unscoped: it ends every open session
+    scoped = push.marks(
+        _fleet(), _revision({"push.rolloutfleet.io/error": "draft epoch 12: pod-1: refused"}), rolling_back=False
+    )
+    assert (scoped.error_target, scoped.error_epoch) == (Target.DRAFT, 12)
 
 
 def test_no_session_is_opened_for_a_rollback_or_a_catch_up() -> None:

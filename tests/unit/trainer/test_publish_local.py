@@ -13,9 +13,9 @@ import pytest
 from safetensors.numpy import save_file
 from trainer_fakes import FakeCustomObjects, api_error, fleet, revision
 
-from rolloutfleet import publish, publish_progress
 from rolloutfleet.digest import digest_directory
-from rolloutfleet.trainer_errors import (
+from rolloutfleet.trainer import progress, publish
+from rolloutfleet.trainer.errors import (
     CheckpointMissing,
     FleetNotFound,
     InvalidRevision,
@@ -327,7 +327,7 @@ def test_tty_progress_line() -> None:
     import io
 
     stream = io.StringIO()
-    bar = publish_progress.TtyProgress(stream)
+    bar = progress.TtyProgress(stream)
     bar(publish.PublishProgress("digest", 50, 100, "digest draft, verifier"))
     bar(publish.PublishProgress("digest", 100, 100, "digest draft, verifier"))
     bar(publish.PublishProgress("created", 0, 0, "pol-r1: created"))

@@ -8,12 +8,13 @@ from typing import Any
 import pytest
 from trainer_fakes import FakeCustomObjects, fleet, revision
 
-from rolloutfleet import cli, publish
-from rolloutfleet.trainer_cli import UsageError, parse_duration
-from rolloutfleet.trainer_cli import publish as publish_cmd
-from rolloutfleet.trainer_cli import status as status_cmd
-from rolloutfleet.trainer_cli import wait as wait_cmd
-from rolloutfleet.trainer_cli.wait import parse_target
+from rolloutfleet import cli
+from rolloutfleet.trainer import publish
+from rolloutfleet.trainer.cli import UsageError, parse_duration
+from rolloutfleet.trainer.cli import publish as publish_cmd
+from rolloutfleet.trainer.cli import status as status_cmd
+from rolloutfleet.trainer.cli import wait as wait_cmd
+from rolloutfleet.trainer.cli.wait import parse_target
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
 

@@ -1,9 +1,16 @@
-"""An in-memory stand-in for the kubernetes CustomObjectsApi calls the publish API makes."""
+"""In-memory stand-ins for what the trainer client talks to: the kubernetes API calls it makes
+(CustomObjectsApi, CoreV1Api's Secret read) and, for pushes, engines on 127.0.0.1 that record every
+``/update_weights`` call."""
 
 from __future__ import annotations
 
+import base64
 import copy
+import dataclasses
+import http.server
 import json
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
@@ -24,6 +31,9 @@ class FakeCustomObjects:
         self.creates: list[dict[str, Any]] = []
         self.calls: list[str] = []
         self.on_create_status: dict[str, Any] | None = None  # status the "operator" sets at once
+        self.patches: list[tuple[str, dict[str, Any]]] = []  # (name, annotations) of each annotation patch
+        # Called with the stored WeightRevision before each read of it: the test's stand-in operator.
+        self.on_read_revision: Callable[[dict[str, Any]], None] | None = None
 
     def add(self, plural: str, namespace: str, obj: dict[str, Any]) -> None:
         obj.setdefault("metadata", {}).setdefault("namespace", namespace)
@@ -41,6 +51,9 @@ class FakeCustomObjects:
 
     def get_namespaced_custom_object(self, group: str, version: str, ns: str, plural: str, name: str) -> Any:
         self._check("get", plural, ns)
+        stored = self.objects.get((plural, ns, name))
+        if stored is not None and plural == "weightrevisions" and self.on_read_revision is not None:
+            self.on_read_revision(stored)
         try:
             return copy.deepcopy(self.objects[(plural, ns, name)])
         except KeyError:
@@ -66,9 +79,127 @@ class FakeCustomObjects:
         self.creates.append(obj)
         return copy.deepcopy(obj)
 
+    def patch_namespaced_custom_object(
+        self, group: str, version: str, ns: str, plural: str, name: str, body: dict[str, Any]
+    ) -> Any:
+        """A JSON merge patch of metadata.annotations (the only patch the trainer client sends)."""
+        self._check("patch", plural, ns)
+        if set(body) != {"metadata"} or set(body["metadata"]) != {"annotations"}:
+            raise AssertionError(f"unexpected patch {body}")
+        try:
+            obj = self.objects[(plural, ns, name)]
+        except KeyError:
+            raise api_error(404, f'{plural}.rolloutfleet.io "{name}" not found') from None
+        annotations = obj["metadata"].setdefault("annotations", {})
+        for key, value in body["metadata"]["annotations"].items():
+            if value is None:
+                annotations.pop(key, None)
+            else:
+                annotations[key] = value
+        obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
+        self.patches.append((name, dict(body["metadata"]["annotations"])))
+        return copy.deepcopy(obj)
+
+
+@dataclasses.dataclass
+class _Secret:
+    data: dict[str, str] | None
+
+
+class FakeCore:
+    """``read_namespaced_secret`` over ``secrets[(namespace, name)] = {key: text}``; ``deny`` answers 403."""
+
+    def __init__(self) -> None:
+        self.secrets: dict[tuple[str, str], dict[str, str]] = {}
+        self.deny = False
+
+    def read_namespaced_secret(self, name: str, namespace: str) -> Any:
+        if self.deny:
+            raise api_error(403, f'secrets "{name}" is forbidden: User "trainer" cannot get resource "secrets"')
+        try:
+            data = self.secrets[(namespace, name)]
+        except KeyError:
+            raise api_error(404, f'secrets "{name}" not found') from None
+        return _Secret({k: base64.b64encode(v.encode()).decode() for k, v in data.items()})
+
+
+@dataclasses.dataclass
+class Call:
+    """One ``POST /update_weights`` an engine received."""
+
+    pod: str
+    authorization: str | None
+    update_info: dict[str, Any]
+
+
+class FakeEngine:
+    """One engine's HTTP server on 127.0.0.1 that records ``/update_weights`` calls.
+
+    ``answers`` is consumed one per call: an HTTP status (with ``{"error": {"message": "boom"}}`` for
+    non-200), or a ``threading.Event`` the call waits on before answering 200 (a slow load). Empty: 200.
+    ``in_flight``/``max_in_flight`` count concurrent calls across ``group`` (engines sharing a counter).
+    """
+
+    def __init__(self, pod: str, calls: list[Call], group: dict[str, int] | None = None) -> None:
+        self.pod, self.calls = pod, calls
+        self.answers: list[int | threading.Event] = []
+        self.group = group if group is not None else {"in_flight": 0, "max_in_flight": 0}
+        self.lock = threading.Lock()
+        engine = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with engine.lock:
+                    answer = engine.answers.pop(0) if engine.answers else 200
+                    engine.group["in_flight"] += 1
+                    engine.group["max_in_flight"] = max(engine.group["max_in_flight"], engine.group["in_flight"])
+                try:
+                    if isinstance(answer, threading.Event):
+                        answer.wait(10)
+                        answer = 200
+                    if self.path == "/update_weights":
+                        info = json.loads(body)["update_info"]
+                        engine.calls.append(Call(engine.pod, self.headers.get("Authorization"), info))
+                    else:
+                        answer = 404
+                    payload = b"{}" if answer == 200 else json.dumps({"error": {"message": "boom"}}).encode()
+                    self.send_response(answer)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (a send timeout): nothing to answer
+                finally:
+                    with engine.lock:
+                        engine.group["in_flight"] -= 1
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.01,), daemon=True)
+        self.thread.start()
+
+    @property
+    def address(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"{host}:{port}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
 
 def fleet(
-    name: str = "pol", root: str = "/w", *, draft: str = "draft_model", current: int | None = None
+    name: str = "pol",
+    root: str = "/w",
+    *,
+    draft: str = "draft_model",
+    current: int | None = None,
+    transfer: str | None = None,
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "replicas": 2,
@@ -77,6 +208,8 @@ def fleet(
         "draft": {"method": draft} if draft == "none" else {"method": draft, "path": f"{root}/policy/step-0/draft"},
         "weights": {"claimName": "ckpt", "mountPath": root, "allowedRoots": [f"{root}/policy"]},
     }
+    if transfer is not None:
+        spec["weightTransfer"] = {"backend": transfer}
     status: dict[str, Any] = {} if current is None else {"currentRevision": current}
     return {"metadata": {"name": name}, "spec": spec, "status": status}
 
