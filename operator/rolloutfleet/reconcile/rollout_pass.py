@@ -468,7 +468,8 @@ class RolloutPass:
         self.restarted.add(pod)
         self.ctx.metrics.pods_restarted.labels(*self.fleet_labels).inc()
         log.warning("pod %s restarted: %s", pod, why)
-        await self.ctx.kube.event(body, "Warning", "EngineRestarted", f"{why}; the pod is recreated and caught up")
+        pod_ref = {"apiVersion": "v1", "kind": "Pod", "metadata": body["metadata"]}  # list items carry neither
+        await self.ctx.kube.event(pod_ref, "Warning", "EngineRestarted", f"{why}; the pod is recreated and caught up")
 
     async def _route(self, pod: str, value: bool, reason: str, message: str) -> None:
         """Open or close the pod to traffic (its gate and its engine's admission: ``reconcile.gates``)."""
