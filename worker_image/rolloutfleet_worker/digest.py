@@ -237,6 +237,9 @@ class DigestBuilder:
     def __len__(self) -> int:
         return len(self._records)
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._records
+
     def hexdigest(self) -> str:
         h = blake3.blake3(DOMAIN)
         for name in sorted(self._records, key=lambda n: n.encode("utf-8")):

@@ -171,27 +171,32 @@ def open_file(file: Path, roots: tuple[str, ...]) -> int:
     return fd
 
 
+# safetensors dtype names -> torch attribute names. The loader reads checkpoints with it; the push session
+# (``rolloutfleet_worker.push``) spells received tensors' dtypes with its inverse, so both digests agree.
+TORCH_DTYPE_NAMES: dict[str, str] = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "U16": "uint16",
+    "I32": "int32",
+    "U32": "uint32",
+    "I64": "int64",
+    "U64": "uint64",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F32": "float32",
+    "F64": "float64",
+    "C64": "complex64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
+}
+
+
 def torch_dtype(name: str, file: Path) -> torch.dtype:
     """The torch dtype of a safetensors dtype string; CheckpointError naming ``file`` if unknown."""
-    attr = {
-        "BOOL": "bool",
-        "U8": "uint8",
-        "I8": "int8",
-        "I16": "int16",
-        "U16": "uint16",
-        "I32": "int32",
-        "U32": "uint32",
-        "I64": "int64",
-        "U64": "uint64",
-        "F16": "float16",
-        "BF16": "bfloat16",
-        "F32": "float32",
-        "F64": "float64",
-        "C64": "complex64",
-        "F8_E4M3": "float8_e4m3fn",
-        "F8_E5M2": "float8_e5m2",
-        "F8_E8M0": "float8_e8m0fnu",
-    }.get(name)
+    attr = TORCH_DTYPE_NAMES.get(name)
     dt = getattr(torch, attr, None) if attr else None
     if not isinstance(dt, torch.dtype):
         raise digest.CheckpointError(file, f"dtype {name!r} not supported by this torch")

@@ -99,6 +99,36 @@ def device_hash_works(copies: CudaCopies | HostCopies) -> bool:
     return check_device_hash(copies.device)
 
 
+def device_hash_ready(device: int) -> bool:
+    """Whether tensors on ``device`` may be hashed there now: the self-test's verdict when known.
+
+    Never waits: while the self-test runs, or before anyone started it (it is then started on a thread of
+    its own), False, and the caller hashes on the host. Used by the push sessions (``push``), whose
+    tensors arrive on the GPU in the middle of vLLM's ``/update_weights``, where a ~30 s compile must not
+    land; ``push_begin`` calls it early so the verdict is usually in by the time tensors arrive.
+    """
+    with _hash_lock:
+        if device in _hash_checked:
+            return _hash_checked[device]
+        if device in _hash_running:
+            return False
+        _hash_running.add(device)
+
+    def run() -> None:
+        try:
+            torch.cuda.set_device(device)  # a new thread starts on device 0
+        except Exception as exc:
+            log.warning("rolloutfleet: GPU hashing off: cuda:%d unusable: %s: %s", device, type(exc).__name__, exc)
+            with _hash_lock:
+                _hash_checked[device] = False
+                _hash_running.discard(device)
+            return
+        check_device_hash(device)
+
+    threading.Thread(target=run, name="rolloutfleet-hash-self-test", daemon=True).start()
+    return False
+
+
 def warm_up(device: int, gpu_hash: bool, pinned_sizes: list[int]) -> threading.Thread:
     """Prepare a GPU worker's first load in the background (called once when the extension starts).
 

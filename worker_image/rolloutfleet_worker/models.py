@@ -312,6 +312,13 @@ def weights_mapped(model: Any, names: Iterable[str] | None = None) -> bool:
     return all(_pointer_mapped(cuda, ptr) for ptr in ptrs)
 
 
+def on_meta(model: Any) -> list[str]:
+    """Names of ``model``'s parameters on the meta device: vLLM's weight-transfer session keeps a target's
+    parameters there between its start and finish, and leaves them there when an update failed (they
+    have no data at all then). Reads metadata only, never a value."""
+    return [n for n, p in model.named_parameters() if p.device.type == "meta"]
+
+
 def on_cuda(model: Any) -> bool:
     """True when the model's first parameter lives on a CUDA device (pinned staging pays off then)."""
     for p in model.parameters():

@@ -82,6 +82,7 @@ def test_verifier_then_draft_in_place(ckpt: dict[str, Path], capsys: pytest.Capt
         "digest": state["verifier"]["digest"],
         "path": str(ckpt["v1"]),
         "verified": True,
+        "destroyed": False,
     }
     assert state["draft"] is not None and state["draft"]["revision"] == 1 and state["draft"]["policy"] == "coUpdate"
     assert state["shared_tensors"] == ["lm_head.weight", "model.embed_tokens.weight"]
@@ -258,7 +259,7 @@ def test_bad_files_fail_closed(ckpt: dict[str, Path], damage: str, tmp_path: Pat
     assert res["ok"] is False and res["error"]["code"] == "io"
     assert (str(bad) if damage != "empty_dir" else str(ckpt["v2"])) in res["error"]["message"]
     state = w.rolloutfleet_state()
-    assert state["ok"] and state["verifier"] == {"revision": None, "digest": None, "path": None, "verified": False}
+    assert state["ok"] and state["verifier"] == UNKNOWN
     assert load(w, "draft", ckpt["d1"], 1)["error"]["code"] == "order"  # unknown verifier blocks the draft
 
 
@@ -274,7 +275,7 @@ def test_load_weights_failure_is_reported(ckpt: dict[str, Path], tmp_path: Path)
     assert w.rolloutfleet_state()["verifier"]["verified"] is False  # type: ignore[typeddict-item]
 
 
-UNKNOWN = {"revision": None, "digest": None, "path": None, "verified": False}
+UNKNOWN = {"revision": None, "digest": None, "path": None, "verified": False, "destroyed": False}
 
 
 def test_a_load_weights_that_stops_early_leaves_the_slot_unknown(

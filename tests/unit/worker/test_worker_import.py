@@ -41,4 +41,11 @@ def test_imports_without_vllm_or_torch() -> None:
 
 def test_extension_adds_only_prefixed_names() -> None:
     added = {n for n in vars(RolloutFleetExtension) if not (n.startswith("__") and n.endswith("__"))}
-    assert added == {"rolloutfleet_load", "rolloutfleet_restore_draft", "rolloutfleet_state", "rolloutfleet_preflight"}
+    assert added == {
+        "rolloutfleet_load",
+        "rolloutfleet_restore_draft",
+        "rolloutfleet_state",
+        "rolloutfleet_preflight",
+        "rolloutfleet_push_begin",
+        "rolloutfleet_push_end",
+    }

@@ -1,10 +1,12 @@
 """Fake vLLM workers for the extension tests: real torch modules shaped like vLLM's, on CPU.
 
-Used by test_worker_extension.py. The models mirror what matters in vLLM: a Llama-style
+Used by test_worker_extension.py and test_worker_push.py. The models mirror what matters in vLLM: a Llama-style
 ``load_weights`` that stacks q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj`` by copying into
 slices of existing parameters; an EAGLE-style draft that holds the verifier's ``embed_tokens`` and
 ``lm_head`` modules by reference; a CUDA-graph-like wrapper that forwards attributes to its runnable;
-V1 (``drafter.model``) and V2 (``speculator.model``) runner layouts.
+V1 (``drafter.model``) and V2 (``speculator.model``) runner layouts; and vLLM 0.26's weight-transfer
+session (``TransferEngine`` + ``PushWorker``): start moves the target's parameters to the meta device,
+``update_weights`` calls ``engine.model.load_weights(list)``, finish puts the kernel tensors back.
 """
 
 from __future__ import annotations
@@ -69,7 +71,9 @@ def stacked_load(
     it has no parameter for are skipped silently, as many vLLM loaders do (``if name not in params_dict:
     continue``) for tensors they deliberately ignore.
     """
-    params = dict(module.named_parameters())
+    # Inside a weight-transfer session the parameters sit on the meta device and loads land in the
+    # kernel tensors the session keeps (``TransferEngine``), as vLLM's layerwise reload buffers them.
+    params: dict[str, Any] = getattr(module, "_reload_kernels", None) or dict(module.named_parameters())
     loaded: set[str] = set()
     for ckpt_name, w in weights:
         name = rename(ckpt_name) if rename else ckpt_name
@@ -217,3 +221,93 @@ class WorkerV2(RolloutFleetExtension):
 
     def get_draft_model(self) -> Any:
         return None
+
+
+class TransferEngine:
+    """vLLM 0.26's weight-transfer engine as the extension meets it (facts from its source).
+
+    ``model`` is the session's target (the verifier, or the draft after ``set_weight_update_target``).
+    ``start_weight_update`` is layerwise reload's start: every parameter of the target is replaced by one
+    on the meta device, and loads land in the kept kernel tensors; ``finish_weight_update`` puts those
+    back (CUDA graphs keep their pointers). A failed update leaves the meta parameters in place.
+    ``update_weights({"weights": [(name, tensor), ...]})`` hands the list to ``self.model.load_weights``.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = self.default = model
+        self.saved: list[tuple[nn.Module, str, nn.Parameter]] = []
+
+    def set_weight_update_target(self, model: nn.Module) -> None:
+        self.model = model
+
+    def reset_weight_update_target(self) -> None:
+        self.model = self.default
+
+    def start_weight_update(self) -> None:
+        model = self.model
+        kernels = dict(model.named_parameters())
+        for module in model.modules():
+            for name, p in list(module._parameters.items()):
+                if p is not None:
+                    self.saved.append((module, name, p))
+                    meta = torch.empty(p.shape, dtype=p.dtype, device="meta")
+                    module._parameters[name] = nn.Parameter(meta, requires_grad=False)
+        model.__dict__["_reload_kernels"] = kernels
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        self.model.load_weights(list(update_info["weights"]))
+
+    def finish_weight_update(self) -> None:
+        for module, name, p in self.saved:
+            module._parameters[name] = p
+        self.saved.clear()
+        self.model.__dict__.pop("_reload_kernels", None)
+
+
+class PushWorker(WorkerV1):
+    """A V1 worker with vLLM 0.26's session methods (``gpu_worker.py``): start, update, finish, and what a
+    failed update does (the session ends, the target is reset, the parameters stay on meta)."""
+
+    def __init__(self, draft: str = "eagle") -> None:
+        super().__init__(draft)
+        self.weight_transfer_engine: TransferEngine | None = TransferEngine(self.verifier)
+        self._weight_update_active = False
+
+    def _engine(self) -> TransferEngine:
+        if self.weight_transfer_engine is None:
+            raise RuntimeError("Weight transfer not configured.")
+        return self.weight_transfer_engine
+
+    def start_weight_update(self, draft: bool = False) -> None:
+        engine = self._engine()
+        if self._weight_update_active:
+            raise RuntimeError("start_weight_update called while a weight update is already active.")
+        if draft:
+            assert self.draft is not None
+            engine.set_weight_update_target(self.draft)
+        engine.start_weight_update()
+        self._weight_update_active = True
+
+    def start_draft_weight_update(self) -> None:
+        self.start_weight_update(draft=True)
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        engine = self._engine()
+        if not self._weight_update_active:
+            raise RuntimeError("start_weight_update must be called before update_weights.")
+        try:
+            engine.update_weights(update_info)
+        except BaseException:
+            self._weight_update_active = False
+            engine.saved.clear()  # vLLM never finalizes a failed session: the parameters stay on meta
+            engine.model.__dict__.pop("_reload_kernels", None)
+            engine.reset_weight_update_target()
+            raise
+
+    def finish_weight_update(self) -> None:
+        engine = self._engine()
+        if not self._weight_update_active:
+            raise RuntimeError("finish_weight_update called without a matching start_weight_update.")
+        engine.finish_weight_update()
+        engine.reset_weight_update_target()
+        self._weight_update_active = False
