@@ -110,7 +110,9 @@ class VllmError(Exception):
 
 class UpdateFailedError(VllmError):
     """An update that raised: the session ended and its target is destroyed. ``reason`` is what happened;
-    the client sees ``message`` (empty for a load failure, as measured)."""
+    the client sees ``message``: vLLM answers ``str(exception)``, which is torch's message for a wrong shape
+    (measured on the H200 on 2026-12-01: "start (0) + length (512) exceeds dimension size (256).") and
+    empty for an exception without one (an earlier measurement)."""
 
     def __init__(self, reason: str, *, shown: bool) -> None:
         super().__init__(reason if shown else "")
@@ -359,11 +361,11 @@ class Transfer:
         return out
 
     def _load(self, session: VllmSession, tensors: list[tuple[str, Received]]) -> None:
-        """The target's ``load_weights``: names and shapes as the model's parameters (empty message if not)."""
+        """The target's ``load_weights``: names and shapes as the model's parameters (a failed update if not)."""
         target = session.target
         push = self.push if self.push is not None and self.push.target == target else None
         if session.was_broken:
-            raise UpdateFailedError(f"the {target}'s parameters are on the meta device (a failed update)", shown=False)
+            raise UpdateFailedError(f"the {target}'s parameters are on the meta device (a failed update)", shown=True)
         params = self.host.parameters(target)
         shared = self.host.spec.shared_tensors if target == "draft" else ()
         if push is not None:
@@ -375,10 +377,10 @@ class Transfer:
             if params is not None:
                 param = params.get(name)
                 if param is None and not (shared and weights.matches_shared(name, shared)):
-                    raise UpdateFailedError(f"the {target} has no parameter {name!r}", shown=False)
+                    raise UpdateFailedError(f"the {target} has no parameter {name!r}", shown=True)
                 if param is not None and param.shape != r.shape:
                     reason = f"{name}: shape {list(r.shape)} into a parameter of {list(param.shape)}"
-                    raise UpdateFailedError(reason, shown=False)
+                    raise UpdateFailedError(reason, shown=True)
             session.received[name] = r
             if push is not None:
                 push.received[name] = r

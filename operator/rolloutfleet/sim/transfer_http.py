@@ -18,7 +18,8 @@ A body that is not JSON, or without ``init_info``/``update_info``, answers 400 (
 worker exception answers 500 ``{"error": {"message", "type": "InternalServerError", "param": null, "code":
 500}}`` with vLLM's message: ``Call to collective_rpc method failed: <worker message>`` (one worker), or
 with ``Worker failed with error '<worker message>', please check the stack trace above for the root
-cause`` inside it (several workers); a failed load answers an empty message (measured on vLLM 0.26).
+cause`` inside it (several workers). A failed load shows the worker's exception text: torch's message for a
+wrong shape (measured on vLLM 0.26, 2026-12-01), empty for an exception without one.
 
 The ``hang`` fault (``FaultKind.HANG``) on ``update_weights`` or ``init_weight_transfer_engine`` is a
 collective with a dead peer: the call blocks inside the engine core (RPCs queue behind it; a client that
