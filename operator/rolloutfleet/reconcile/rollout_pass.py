@@ -328,6 +328,15 @@ class RolloutPass:
         decision = transaction.next_step(goal, state)
         if decision.step == Step.UNREACHABLE:
             since = self.memory.unreachable_since.setdefault(pod, now)
+            if self._pushing() and now - since >= self.spec.update_strategy.timeouts.push_seconds:
+                # A sender that dies mid-send leaves vLLM blocked in the transfer with no timeout of its own
+                # (DESIGN §4b), and every later call (our state read too) queues behind it: only a new
+                # process ends it. The pod is out of service already; after the push deadline, restart it.
+                return Decision(
+                    Step.RESTART_POD,
+                    f"the engine has not answered for {now - since:.0f}s during a push ({decision.reason}): "
+                    "a blocked transfer only ends with the process",
+                )
             if now - since > self.spec.update_strategy.timeouts.wake_seconds:
                 self._fail(pod, "EngineUnreachable", decision.reason)
                 self.memory.unreachable_since[pod] = now
@@ -348,6 +357,13 @@ class RolloutPass:
                 target = Step.RESTORE_DRAFT
             decision = Decision(target, decision.reason)
         return decision
+
+    def _pushing(self) -> bool:
+        """This pass moves pods to or from pushed weights (a push, or the rollback of one): an engine that
+        stops answering may be blocked inside a transfer."""
+        spec = self.rev.spec if self.rev is not None else None
+        pushed_rev = spec is not None and (spec.verifier.pushed or (spec.draft is not None and spec.draft.pushed))
+        return self.spec.weight_transfer is not None and (self.goal.pushed or pushed_rev)
 
     def _probe_spec(self) -> ParityProbe | None:
         if self.rev is None or self.rev.spec is None or self.sel.rolling_back:

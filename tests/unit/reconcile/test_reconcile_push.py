@@ -10,16 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import pathlib
 from typing import Any
+from unittest import mock
 
 import aiohttp
 import pytest
 from reconcile_fakes import TOKEN, Harness, call_name, harness, ok_calls
 from safetensors.numpy import load_file
 
+from rolloutfleet.adapters.engine import EnginePool
+from rolloutfleet.adapters.engine_policy import EngineTimeouts, RetryPolicy
 from rolloutfleet.api import common
 from rolloutfleet.digest import digest_directory
+from rolloutfleet.reconcile import revision as revision_reconcile
+from rolloutfleet.sim.config import FaultKind, FaultRule
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(90)]
 
@@ -273,3 +279,47 @@ async def forget(h: Harness) -> None:
     memory = h.ctx.fleets.pop((h.namespace, h.fleet), None)
     if memory is not None and memory.pool is not None:
         await memory.pool.close()
+
+
+async def test_a_sender_that_dies_mid_send_ends_in_a_restart_not_a_hang(tmp_path: pathlib.Path) -> None:
+    """vLLM has no timeout inside a transfer (DESIGN §4b): a sender that dies mid-broadcast leaves
+    ``/update_weights`` blocked, and every later call to that engine (our state read too) queues behind it.
+    The engine then reads as unreachable; past the push deadline the operator restarts the pod instead of
+    waiting forever or finishing a session it cannot see."""
+    async with harness(
+        tmp_path,
+        replicas=2,
+        mode="inflight",
+        max_retries=0,
+        fleet_extra=PUSH_FLEET,
+        timeouts={"wakeSeconds": 30, "loadSeconds": 30, "pushSeconds": 1},
+    ) as h:
+        await forget(h)  # the next pool reads engines with a short deadline (a blocked engine answers nothing)
+        quick = functools.partial(
+            EnginePool,
+            retry=RetryPolicy(attempts=1, base_delay=0.005, max_delay=0.01),
+            timeouts=EngineTimeouts(default=0.5),
+        )
+        with mock.patch.object(revision_reconcile, "EnginePool", quick):
+            stuck = h.pods[0]
+            h.engine(stuck).add_fault(FaultRule(step="update_weights", kind=FaultKind.HANG, delay=300.0))
+            pushed_revision(h, "step-1", 1)
+            trainer = Trainer(h, "step-1", 1)
+            await h.run_pass()
+            sending = asyncio.create_task(trainer.send("verifier"))  # blocks on the stuck engine forever
+            await asyncio.sleep(0.3)
+            for _ in range(20):  # passes, as the daemon runs them, until the stuck pod is restarted
+                await h.run_pass()
+                if h.kube.peek("v1", "Pod", h.namespace, stuck) is None:
+                    break
+                await asyncio.sleep(0.2)
+            assert h.kube.peek("v1", "Pod", h.namespace, stuck) is None, "the blocked pod was never restarted"
+            why = [e["message"] for e in h.kube.events_for(stuck, "EngineRestarted")]
+            assert why and "has not answered" in why[0], why
+            # The trainer died, so the other pod's session was never fed either: abandoned, then restarted.
+            other = [e["message"] for e in h.kube.events_for(h.pods[1], "EngineRestarted")]
+            assert other and "destroyed" in other[0], other
+            names = [call_name(e) for e in ok_calls(h.engine_log(stuck))]
+            assert "resume" not in names[names.index("rolloutfleet_push_begin:verifier") :]
+            sending.cancel()
+            await asyncio.gather(sending, return_exceptions=True)  # the stuck send ends with its engine
