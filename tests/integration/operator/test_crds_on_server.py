@@ -87,6 +87,17 @@ INVALID = [
     ("wrev-bad-digest", WREV, "spec.verifier.digest", "sha256:00", "spec.verifier.digest: Invalid value"),
     ("wrev-no-verifier", WREV, "spec.verifier", None, "spec.verifier: Required value"),
     ("wrev-dotdot", WREV, "spec.draft.path", "/weights/policy-7b/../../etc", "must not contain a '..' segment"),
+    # Pushed sources (docs/push.md): the API server refuses what nothing could verify or act on.
+    ("wrev-push-no-digest", WREV, "spec.verifier", {"push": {}}, "a pushed source needs the digest"),
+    (
+        "wrev-push-and-path",
+        WREV,
+        "spec.verifier",
+        {"push": {}, "path": "/weights/policy-7b/v", "digest": "blake3:" + "1" * 64},
+        "set exactly one of path and push",
+    ),
+    ("wrev-neither", WREV, "spec.draft", {"digest": "blake3:" + "1" * 64}, "set exactly one of path and push"),
+    ("fleet-transfer-backend", FLEET, "spec.weightTransfer", {"backend": "gloo"}, 'Unsupported value: "gloo"'),
 ]
 
 
