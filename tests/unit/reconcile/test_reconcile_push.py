@@ -323,3 +323,26 @@ async def test_a_sender_that_dies_mid_send_ends_in_a_restart_not_a_hang(tmp_path
             assert "resume" not in names[names.index("rolloutfleet_push_begin:verifier") :]
             sending.cancel()
             await asyncio.gather(sending, return_exceptions=True)  # the stuck send ends with its engine
+
+
+async def test_a_new_operator_at_every_pass_still_converges(tmp_path: pathlib.Path) -> None:
+    """The operator killed between any two passes of a push (each pass is a few steps: open, end, open,
+    end, stamp, resume): with no memory at all each time, it converges from the engines and the status."""
+    async with harness(tmp_path, replicas=2, mode="sleep", fleet_extra=PUSH_FLEET) as h:
+        pushed_revision(h, "step-1", 1)
+        trainer = Trainer(h, "step-1", 1)
+        for _ in range(30):
+            await forget(h)
+            outcome = await h.run_pass()
+            status = h.revision_status("step-1")
+            if status.get("phase") == "Succeeded":
+                break
+            for target in ("verifier", "draft"):
+                if any(s["epoch"] > trainer.served.get(target, 0) for s in trainer.sessions(target)):
+                    await trainer.send(target)
+            assert outcome is not None
+        assert h.revision_status("step-1")["phase"] == "Succeeded"
+        assert all(h.served(p) == (1, 1, False) for p in h.pods)
+        for pod in h.pods:  # each session opened once: no step was repeated by a forgetful operator
+            names = session_calls(h.engine_log(pod))
+            assert names.count("rolloutfleet_push_begin:verifier") == 1 and names.count("update_weights") == 2, names
