@@ -64,9 +64,12 @@ def test_common_shape(value_set: str) -> None:
         for rule in role["rules"]:
             for key in ("apiGroups", "resources", "verbs"):
                 assert not any("*" in item for item in rule[key]), (role["metadata"]["name"], rule)
-            assert not {"delete", "deletecollection", "update", "escalate", "bind", "impersonate"} & set(
-                rule["verbs"]
-            ), rule
+            forbidden = {"delete", "deletecollection", "update", "escalate", "bind", "impersonate"}
+            if rule["apiGroups"] == [""] and rule["resources"] == ["pods"]:
+                # The one deletion: an engine pod whose target a failed push session destroyed is repaired
+                # only by a new process (docs/push.md); never any other kind, never a collection.
+                forbidden.discard("delete")
+            assert not forbidden & set(rule["verbs"]), rule
     deployment = one(objs, "Deployment")
     pod = deployment["spec"]["template"]
     # The engine NetworkPolicies admit the operator by this exact label in ROLLOUTFLEET_OPERATOR_NAMESPACE.
