@@ -7,12 +7,16 @@
 #   device call 1:   run  carry [".device-carry/1"]          command "bash scripts/gpu/run-device-suite.sh stage1"
 #   device call 2:   run  carry [".device-carry/2", ".whl"]  command "bash scripts/gpu/run-device-suite.sh stage2 suite"
 #   device call 3:   run  carry [".whl"]                     command "bash scripts/gpu/run-device-suite.sh stage2 bench"
+#   pushes:          run  carry [".device-carry/2", ".whl"]  command "bash scripts/gpu/run-device-suite.sh stage2 transfer push"
 #
 # Call 2 must start within 30 s of call 1 (the machine stays warm that long); call 3 likewise after call 2
 # (it finds /tmp/site there and skips the unpacking; on a cold machine repeat calls 1 and 2 with "bench").
 # Parts: suite (tests/gpu, which also runs tests/contract against the real server), bench
 # (bench/gpu_update.py), loader (bench/loader_stages.py alone: the loader's stages and its
-# switches, no vLLM, ~1 min), all (suite + bench; may not fit one 10-minute call). Results go to $OUT (the
+# switches, no vLLM, ~1 min), transfer (tests/contract/test_transfer_contract.py against an IPC-backend
+# server and a plain one: scripts/gpu/contract_transfer.py, ~2.5 min), push (bench/gpu_push.py: the 3.49 GB
+# model pushed by IPC vs loaded by path, ~2.5 min), all (suite + bench; may not fit one 10-minute call).
+# Several parts run in order: "stage2 transfer push". Results go to $OUT (the
 # device tool brings them back; at most 8 files), else to bench/results/gpu-run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -80,6 +84,22 @@ bench() {
   cat "$out/gpu_update.md" 2>/dev/null || true
 }
 
+transfer() {
+  mkdir -p "$out"
+  # shellcheck disable=SC2086
+  timeout "${TRANSFER_TIMEOUT:-300}" python3 scripts/gpu/contract_transfer.py --out "$out" ${TRANSFER_ARGS:-} > "$out/transfer.log" 2>&1 \
+    || echo "transfer rc=$?" | tee -a "$out/transfer.log"
+  tail -40 "$out/transfer.log"
+}
+
+push() {
+  mkdir -p "$out"
+  timeout "${PUSH_TIMEOUT:-330}" python3 bench/gpu_push.py --out "$out" > "$out/push.log" 2>&1 \
+    || echo "push rc=$?" | tee -a "$out/push.log"
+  tail -25 "$out/push.log"
+  cat "$out/push.md" 2>/dev/null | head -20 || true
+}
+
 loader() {
   mkdir -p "$out"
   timeout "${LOADER_TIMEOUT:-300}" python3 bench/loader_stages.py --out "$out" > "$out/loader.log" 2>&1 \
@@ -93,13 +113,18 @@ case "${1:-}" in
   stage2)
     unpack
     environment
-    case "${2:-suite}" in
-      suite) suite ;;
-      bench) bench ;;
-      loader) loader ;;
-      all) suite; bench ;;
-      *) echo "unknown part: $2" >&2; exit 2 ;;
-    esac
+    shift
+    for part in "${@:-suite}"; do
+      case "$part" in
+        suite) suite ;;
+        bench) bench ;;
+        loader) loader ;;
+        transfer) transfer ;;
+        push) push ;;
+        all) suite; bench ;;
+        *) echo "unknown part: $part" >&2; exit 2 ;;
+      esac
+    done
     ;;
-  *) sed -n '2,17p' "$0"; exit 2 ;;
+  *) sed -n '2,21p' "$0"; exit 2 ;;
 esac
