@@ -302,6 +302,8 @@ class RolloutPass:
         read = [p for p in self.order if p in self.stale and p not in self.inflight]
         for pod, state in zip(read, await asyncio.gather(*(self.clients[p].observe() for p in read)), strict=True):
             self.states[pod] = state
+            if pod not in self.inflight:  # read after its open returned: what the engine holds is known
+                self._confirm(pod)
         self.reads += len(read)
         self.stale.difference_update(read)
         self.fresh.update(read)
@@ -436,6 +438,7 @@ class RolloutPass:
             async with limit:
                 seconds, load = await executor.execute(self.clients[pod], decision.step, self.goal, timeouts, session)
         except executor.StepError as exc:
+            self._confirm(pod)  # a failed open: this pod has no session of the epoch to wait for
             self._fail(pod, exc.reason, str(exc))
             if decision.step in (Step.END_SESSION, Step.ABANDON_SESSION) and session.session is not None:
                 outcome = "abandoned" if decision.step == Step.ABANDON_SESSION else "failed"
@@ -446,9 +449,12 @@ class RolloutPass:
             await asyncio.sleep(min(2.0, 0.1 * 2 ** self._attempts(pod)))  # back off before the retry
             return
         finally:
-            self._opened(pod)
+            self.pod_epoch.pop(pod, None)
         if decision.step in push.OPEN_STEPS:
-            self.stale.add(pod)  # the session's epoch and clock are the engine's: read them back
+            # The session's epoch and clock are the engine's: read them back. Its epoch stays unpublished
+            # until then (``_confirm``): a status listing it without this pod would let the trainer mark
+            # the epoch, and this session would then be ended with nothing received.
+            self.stale.add(pod)
         if decision.step == Step.END_SESSION and load is not None:
             self._count_session(load.target.value, "verified")
         self.states[pod] = transaction.acknowledged(self.states[pod], decision.step, self.goal, load)
@@ -462,10 +468,9 @@ class RolloutPass:
     def _count_session(self, target: str, outcome: str) -> None:
         self.ctx.metrics.push_sessions.labels(*self.fleet_labels, target, outcome).inc()
 
-    def _opened(self, pod: str) -> None:
-        """The pod's open step ended (either way): its epoch is complete once no pod of it is still opening."""
-        epoch = self.pod_epoch.pop(pod, None)
-        if epoch is not None and epoch in self.opening:
+    def _confirm(self, pod: str) -> None:
+        """The pod's session (or its failed open) is known: its epoch is complete once every pod of it is."""
+        for epoch in [e for e, pods in self.opening.items() if pod in pods]:
             self.opening[epoch].discard(pod)
             if not self.opening[epoch]:
                 del self.opening[epoch]

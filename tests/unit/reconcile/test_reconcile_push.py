@@ -346,3 +346,39 @@ async def test_a_new_operator_at_every_pass_still_converges(tmp_path: pathlib.Pa
         for pod in h.pods:  # each session opened once: no step was repeated by a forgetful operator
             names = session_calls(h.engine_log(pod))
             assert names.count("rolloutfleet_push_begin:verifier") == 1 and names.count("update_weights") == 2, names
+
+
+async def test_an_epoch_is_never_published_before_every_session_of_it_was_read_back(tmp_path: pathlib.Path) -> None:
+    """Found by bench/push_overhead.py at 64 pods: when the last open of an epoch returned, the epoch counted
+    as complete while some of its pods had not been read back since (the open's acknowledgement does not
+    carry the session); a status write then listed the epoch without them, the trainer marked it, and the
+    unlisted sessions were ended with nothing received (their targets destroyed). Every snapshot of the
+    status a trainer could read must list an epoch whole."""
+    async with harness(tmp_path, replicas=3, mode="inflight", fleet_extra=PUSH_FLEET) as h:
+        slow = h.pods[2]
+        h.engine(slow).add_fault(FaultRule(step="start_weight_update", kind=FaultKind.SLOW, delay=0.8, count=None))
+        pushed_revision(h, "step-1", 1)
+        seen: list[dict[int, set[str]]] = []
+        done = asyncio.Event()
+
+        def snapshot() -> None:  # what a polling trainer sees
+            push = h.revision_status("step-1").get("push") or {}
+            by_epoch: dict[int, set[str]] = {}
+            for s in push.get("sessions") or []:
+                if s["epoch"] <= push.get("epoch", 0):
+                    by_epoch.setdefault(s["epoch"], set()).add(s["pod"])
+            seen.append(by_epoch)
+
+        async def watch() -> None:
+            while not done.is_set():
+                snapshot()
+                await asyncio.sleep(0.002)
+
+        watcher = asyncio.create_task(watch())
+        await h.run_pass()
+        done.set()
+        await watcher
+        snapshot()
+        partial = [snap for snap in seen if any(len(pods) != 3 for pods in snap.values())]
+        assert not partial, partial[:3]
+        assert any(snap for snap in seen), "the sessions were never published"
