@@ -38,6 +38,7 @@ from rolloutfleet.reconcile.context import FleetMemory, OperatorContext
 Manifest = dict[str, Any]
 log = logging.getLogger(__name__)
 STATUS_WRITE_INTERVAL = 0.5
+ADMIT_RETRY_SECONDS = 0.5  # between admits of a pod that is done but was refused admission
 # The fleet's per-pod status is rewritten at most this often during a pass: a long pass (slow loads,
 # retries) would otherwise leave status.pods behind the engines until it ended (the soak measured 3 s+).
 FLEET_STATUS_INTERVAL = 1.0
@@ -223,9 +224,20 @@ class RolloutPass:
             if unverified:
                 self.stale |= unverified
                 continue
-            if self._complete():
-                await self._write_status(force=True)
-                return await self._finish()
+            if self._all_done():
+                # Routed before the revision is called Succeeded: a pod that resumed but is not admitted yet
+                # (an admit refused, or an operator that died between the resume and the admit) is out of the
+                # Service, and Succeeded tells the trainer that every pod serves the revision.
+                await self._sync_gates()
+                if self._complete():
+                    await self._write_status(force=True)
+                    return await self._finish()
+                self.stale |= {p for p in self.order if self.states[p].admitted is False}
+                if self.interrupted() or (self.rev is not None and self.rev.deleted):
+                    await self._write_status(force=True)
+                    return PassOutcome(again=True, idle=False)
+                await asyncio.sleep(ADMIT_RETRY_SECONDS)  # the admit is retried after a fresh read
+                continue
             await self._parity_probe()
             failed = self._exhausted()
             if failed:
@@ -398,12 +410,16 @@ class RolloutPass:
                 self.memory.attempts[(self.key, verdict.pod)] = self.plan.max_retries
                 self._fail(verdict.pod, "ParityProbeFailed", verdict.why)
 
-    def _complete(self) -> bool:
+    def _all_done(self) -> bool:
         return (
             not self.pods.starting
             and len(self.order) >= self.spec.replicas
             and all(self.decisions.get(p, Decision(Step.PAUSE)).step == Step.DONE for p in self.order)
         )
+
+    def _complete(self) -> bool:
+        """Every pod done and admitted (``None``: an engine image without admission, routed by its gate)."""
+        return self._all_done() and all(self.states[p].admitted is not False for p in self.order)
 
     def _attempts(self, pod: str) -> int:
         return self.memory.attempts.get((self.key, pod), 0)

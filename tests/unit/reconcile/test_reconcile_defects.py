@@ -15,6 +15,8 @@ import pytest
 from kube_fakes import FakeCall
 from reconcile_fakes import WRONG_DIGEST, condition, harness, pauses, stamped
 
+from rolloutfleet.sim.config import FaultKind, FaultRule
+
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]  # a hang fails, never blocks the run
 
 
@@ -191,3 +193,28 @@ async def test_identical_failures_on_many_pods_are_reported_once(tmp_path: pathl
         assert progressing.get("reason") != "RollingBack", progressing
         for event in h.kube.events_for("step-1"):
             assert event["message"].count(WRONG_DIGEST) <= 1, event
+
+
+async def test_succeeded_is_written_only_once_every_pod_is_admitted(tmp_path: pathlib.Path) -> None:
+    """Found by CI (``test_faults::test_operator_killed_after_every_step_converges``).
+    ``Succeeded`` tells a user (and a trainer waiting on it) that every pod serves the revision. An engine
+    that resumed but whose admission failed (here: one refused admit, as when the operator died between the
+    resume and the admit) is out of the Service: the revision must not be reported Succeeded until the
+    retry admitted it. On main the retry ran only after the final status write.
+    """
+    async with harness(tmp_path, replicas=2) as h:
+        late = h.pods[1]
+        h.engine(late).add_fault(FaultRule(step="admit", kind=FaultKind.HTTP_ERROR, status=500, body={"error": "x"}))
+        admitted_when_succeeded: dict[str, bool] = {}
+
+        async def watch(call: FakeCall) -> None:
+            status = (call.body or {}).get("status") or {}
+            if call.verb == "patch_status" and call.name == "step-1" and status.get("phase") == "Succeeded":
+                admitted_when_succeeded.update({p: h.engine(p).admitted for p in h.pods})
+
+        h.kube.before_call = watch
+        h.apply_revision("step-1", 1)
+        await h.settle()
+
+        assert h.revision_status("step-1")["phase"] == "Succeeded"
+        assert admitted_when_succeeded == dict.fromkeys(h.pods, True)
