@@ -29,6 +29,8 @@ class FleetMemory:
     unreachable_since: dict[str, float] = dataclasses.field(default_factory=dict)
     started: dict[str, float] = dataclasses.field(default_factory=dict)
     engine_view: dict[str, EngineState] = dataclasses.field(default_factory=dict)
+    # The uid of the pod each view was read through: a pod recreated under the same name is another engine.
+    engine_view_uids: dict[str, str] = dataclasses.field(default_factory=dict)
     steps: dict[str, str] = dataclasses.field(default_factory=dict)
     probe_passed: dict[str, bool] = dataclasses.field(default_factory=dict)
     preflight_passed: dict[str, bool] = dataclasses.field(default_factory=dict)
@@ -49,7 +51,17 @@ class FleetMemory:
         self.preflight_passed = {k: v for k, v in self.preflight_passed.items() if k == key}
         self.unreachable_since = {k: v for k, v in self.unreachable_since.items() if k in pods}
         self.engine_view = {k: v for k, v in self.engine_view.items() if k in pods}
+        self.engine_view_uids = {k: v for k, v in self.engine_view_uids.items() if k in pods}
         self.steps = {k: v for k, v in self.steps.items() if k in pods}
+
+    def remember(self, states: dict[str, EngineState], uids: dict[str, str]) -> None:
+        """The last engine observations, for the fleet status, each tied to the pod uid it was read through."""
+        self.engine_view = dict(states)
+        self.engine_view_uids = {p: uids[p] for p in states if p in uids}
+
+    def replaced(self, pod: str, uid: str | None) -> bool:
+        """The last observation of ``pod`` was read through another pod of that name (since recreated)."""
+        return uid is not None and self.engine_view_uids.get(pod) not in (None, uid)
 
 
 @dataclasses.dataclass

@@ -82,7 +82,9 @@ async def _observe_and_write(ctx: OperatorContext, body: Manifest, spec: Rollout
     sts = await ctx.kube.get("apps/v1", "StatefulSet", namespace, labels.statefulset_name(name))
     pods = await ctx.kube.list("v1", "Pod", namespace, labels.selector_string(name))
     generation = int(meta.get("generation") or 0)
-    new_status = fleet_status.observed(old_status, spec, name, generation, sts, pods, _engines(ctx, namespace, name))
+    new_status = fleet_status.observed(
+        old_status, spec, name, generation, sts, pods, _engines(ctx, namespace, name, pods)
+    )
     ctx.metrics.replicas_ready.labels(namespace, name).set(new_status.ready_replicas)
     written = await _write_status(ctx, body, old_status, new_status)
     if written:
@@ -108,23 +110,36 @@ async def refresh_status(ctx: OperatorContext, namespace: str, name: str, attemp
     return False
 
 
-def _engines(ctx: OperatorContext, namespace: str, name: str) -> dict[str, fleet_status.EngineSummary]:
+def _engines(
+    ctx: OperatorContext, namespace: str, name: str, pods: list[Manifest]
+) -> dict[str, fleet_status.EngineSummary]:
     memory = ctx.fleets.get((namespace, name))
     if memory is None:
         return {}
-    # An engine that does not answer holds nothing the status may claim: its revisions read unknown (a
-    # crashed engine comes back on the initial checkpoint), its step says why.
-    return {
-        pod: fleet_status.EngineSummary(
-            revision=state.verifier.revision,
-            draft_revision=state.draft.revision if state.draft is not None else None,
-            step=memory.steps.get(pod),
-            weight_version=state.weight_version,
+    summaries: dict[str, fleet_status.EngineSummary] = {}
+    for pod in pods:
+        meta = pod["metadata"]
+        if memory.replaced(meta["name"], meta.get("uid")):
+            # A pod recreated under the same name is a new engine process on the initial checkpoint: what
+            # its predecessor served (in memory and in the status) says nothing of it until it is read.
+            summaries[meta["name"]] = fleet_status.EngineSummary(None, None, None, None)
+            continue
+        state = memory.engine_view.get(meta["name"])
+        if state is None:
+            continue
+        # An engine that does not answer holds nothing the status may claim: its revisions read unknown (a
+        # crashed engine comes back on the initial checkpoint), its step says why.
+        summaries[meta["name"]] = (
+            fleet_status.EngineSummary(
+                revision=state.verifier.revision,
+                draft_revision=state.draft.revision if state.draft is not None else None,
+                step=memory.steps.get(meta["name"]),
+                weight_version=state.weight_version,
+            )
+            if state.reachable
+            else fleet_status.EngineSummary(None, None, memory.steps.get(meta["name"]) or "Unreachable", None)
         )
-        if state.reachable
-        else fleet_status.EngineSummary(None, None, memory.steps.get(pod) or "Unreachable", None)
-        for pod, state in memory.engine_view.items()
-    }
+    return summaries
 
 
 def _parse_status(raw: object) -> RolloutFleetStatus:

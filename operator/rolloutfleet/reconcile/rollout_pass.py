@@ -151,7 +151,7 @@ class RolloutPass:
                 await asyncio.gather(self.fleet_writer, return_exceptions=True)
             with contextlib.suppress(KubeError):
                 await self._sync_gates()
-            self.memory.engine_view = {p: self.states[p] for p in self.order if p in self.states}
+            self._remember_states()
             t = self.timing
             log.info(
                 "pass %s: %d iterations, %d engine reads in %.2fs (observe %.2fs, waiting on steps %.2fs, "
@@ -332,7 +332,7 @@ class RolloutPass:
             self.changed.discard(pod)
             decision = self._decide(pod, goal, now)
             self.decisions[pod] = decision
-        self.memory.engine_view = {p: self.states[p] for p in self.order if p in self.states}
+        self._remember_states()
         self.memory.steps = {p: d.step.value for p, d in self.decisions.items()}
         return set(read)
 
@@ -409,6 +409,11 @@ class RolloutPass:
                 # A logprob mismatch is a property of the weights: no retry, the revision rolls back.
                 self.memory.attempts[(self.key, verdict.pod)] = self.plan.max_retries
                 self._fail(verdict.pod, "ParityProbeFailed", verdict.why)
+
+    def _remember_states(self) -> None:
+        """Hand the engine observations to the fleet status (``reconcile.fleet``), with the pods they came from."""
+        uids = {p: str(b["metadata"].get("uid") or "") for p, b in self.pods.bodies.items()}
+        self.memory.remember({p: self.states[p] for p in self.order if p in self.states}, uids)
 
     def _all_done(self) -> bool:
         return (
@@ -618,7 +623,7 @@ class RolloutPass:
             await asyncio.sleep(wait)
         self.last_fleet_write = time.monotonic()
         # The states as known now (acknowledged steps included), not as when the write was scheduled.
-        self.memory.engine_view = {p: self.states[p] for p in self.order if p in self.states}
+        self._remember_states()
         namespace, name = self.fleet_labels
         try:
             await fleet_reconcile.refresh_status(self.ctx, namespace, name)

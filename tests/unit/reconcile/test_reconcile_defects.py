@@ -218,3 +218,24 @@ async def test_succeeded_is_written_only_once_every_pod_is_admitted(tmp_path: pa
 
         assert h.revision_status("step-1")["phase"] == "Succeeded"
         assert admitted_when_succeeded == dict.fromkeys(h.pods, True)
+
+
+async def test_a_recreated_pod_is_not_reported_with_its_predecessor_s_revision(tmp_path: pathlib.Path) -> None:
+    """Found by the soak (bench/results/soak.md: after a pod deletion, status.pods said r149 for 3.4 s while
+    the new pod's engine held the initial weights).
+    A pod deleted and recreated under the same name is a new engine process on the initial checkpoint.
+    ``status.pods[]`` reports what each pod serves: until the new pod's engine was read, the fleet status
+    must not carry the old pod's revision over to it (the name is the same, the pod is not).
+    """
+    async with harness(tmp_path, replicas=2) as h:
+        h.apply_revision("step-1", 1)
+        await h.settle()
+        assert {p["name"]: p.get("revision") for p in h.fleet_status()["pods"]} == dict.fromkeys(h.pods, 1)
+
+        h.kube.delete_pod(h.namespace, "policy-1")
+        await h.add_pod("policy-1")  # the StatefulSet's replacement: a new uid, a new engine process
+        await h.reconcile_fleet()  # the pod event's fleet reconcile, before any engine read
+
+        pods = {p["name"]: p for p in h.fleet_status()["pods"]}
+        assert pods["policy-0"].get("revision") == 1
+        assert pods["policy-1"].get("revision") is None, pods["policy-1"]
