@@ -5,13 +5,15 @@ Runs against the session cluster of ``conftest.py`` (or a KUBECONFIG test cluste
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import pathlib
 import time
 
 import pytest
 from kubernetes import client
 
-from rolloutfleet.adapters.kube import Kube, KubeError
+from rolloutfleet.adapters.kube import KUBE_THREADS, Kube, KubeError
 
 pytestmark = pytest.mark.integration
 
@@ -57,5 +59,22 @@ async def test_a_gate_patch_for_a_replaced_pod_is_refused(
         assert all(c.type != GATE for c in conditions)
         patched = await kube.patch_pod_condition(namespace, "policy-0", condition, uid=new.metadata.uid)
         assert any(c["type"] == GATE and c["status"] == "True" for c in patched["status"]["conditions"])
+    finally:
+        kube.close()
+
+
+async def test_a_burst_of_calls_reuses_kept_alive_connections(
+    namespace: str, kubeconfig_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rollout writes one gate per pod at once: as many calls in flight as the adapter has threads. Each
+    must find a kept-alive connection; with urllib3's default pool (10) under 16 threads, every burst
+    discarded and reopened connections ("Connection pool is full", bench/results/push_overhead.md).
+    """
+    kube = Kube.from_environment(str(kubeconfig_path))
+    try:
+        with caplog.at_level(logging.WARNING, logger="urllib3.connectionpool"):
+            for _ in range(3):
+                await asyncio.gather(*(kube.list("v1", "Pod", namespace) for _ in range(4 * KUBE_THREADS)))
+        assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
     finally:
         kube.close()

@@ -57,6 +57,9 @@ class _TimedDynamicClient(DynamicClient):
         return super().request(method, path, body=body, **params)
 
 
+KUBE_THREADS = 16  # concurrent API calls (each blocks a thread: the official client is synchronous)
+
+
 class Kube:
     """One connection to the API server, shared by all reconciles of the process.
 
@@ -68,7 +71,7 @@ class Kube:
         self,
         api_client: k8s_client.ApiClient | None = None,
         *,
-        threads: int = 16,
+        threads: int = KUBE_THREADS,
         request_timeout: float = REQUEST_TIMEOUT_SECONDS,
         list_timeout: float = LIST_TIMEOUT_SECONDS,
     ) -> None:
@@ -92,12 +95,19 @@ class Kube:
         """In-cluster config when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
         try:
             k8s_config.load_incluster_config()
-            api_client = k8s_client.ApiClient()
+            configuration = k8s_client.Configuration.get_default_copy()
         except k8s_config.ConfigException:
             configuration = k8s_client.Configuration()
             k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-            api_client = k8s_client.ApiClient(configuration)
-        return cls(api_client, request_timeout=request_timeout, list_timeout=list_timeout)
+        # One kept-alive connection per worker thread: with urllib3's default of 10 for 16 threads, every
+        # burst (a gate PATCH per pod) discarded and reopened connections (bench/results/push_overhead.md).
+        configuration.connection_pool_maxsize = KUBE_THREADS
+        return cls(
+            k8s_client.ApiClient(configuration),
+            threads=KUBE_THREADS,
+            request_timeout=request_timeout,
+            list_timeout=list_timeout,
+        )
 
     def close(self) -> None:
         """Release the thread pool and connections."""
