@@ -8,10 +8,12 @@ With real vLLM engines on this machine's GPUs (fleet ``spec.weightTransfer.backe
 
     python examples/trainer_push.py --fleet policy --namespace rl --device cuda
 
-Against the sandbox demo fleet's simulated engines (``rolloutfleet sandbox demo --keep``; its fleet needs
-``spec.weightTransfer``), the tensors travel as bytes instead of CUDA IPC handles::
+Against simulated engines the tensors travel as bytes instead of CUDA IPC handles. Their fleet needs
+``spec.weightTransfer`` and initial weights of this example's model (an engine takes pushed tensors only
+under its model's names and shapes, as vLLM's ``load_weights`` does); the sandbox demo's fleet has neither,
+``tests/integration/operator/test_trainer_push.py`` shows such a fleet::
 
-    python examples/trainer_push.py --simulated --steps 3
+    python examples/trainer_push.py --simulated --fleet tiny --namespace NS --steps 3
 
 Revisions continue after the newest one the fleet has seen (``--start-revision`` to choose). The model,
 the training step and the completion check are ``examples/trainer_loop.py``'s; only the hand-over differs:
