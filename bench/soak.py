@@ -1194,13 +1194,18 @@ def render(soak: Soak) -> str:
         f"| d > {args.tolerance:g} s | the same, lasting longer than the tolerance | {tally.counts['d_beyond']} | "
         f"{tally.episode_counts['d_beyond']} | - |"
     )
+    w(
+        f"| (d?) | status names no revision because the operator's last read of the engine failed (step "
+        f"Unreachable/EngineError): a claim of nothing, counted apart from d | {tally.counts['unread']} | "
+        f"{tally.episode_counts['unread']} | - |"
+    )
     w("")
     w(
         "Target: zero for a, b, c and d beyond the tolerance. *Gate set by kwok*: episodes whose pod's "
         "`rolloutfleet.io/weights-ready` condition was True without a reason, i.e. written by kwok's default "
         "pod-ready stage when the pod started (it sets every readiness gate True), not by the operator.\n"
     )
-    for check in (*obs.CHECKS[:3], "d_beyond"):
+    for check in (*obs.CHECKS[:3], "d_beyond", "unread"):
         eps = [e for e in tally.episodes if e.check == check][:5]
         if not eps:
             continue

@@ -123,6 +123,7 @@ class FleetView:
     current: int | None
     target: int | None
     pods: Mapping[str, int | None]  # pod name -> status.pods[].revision
+    steps: Mapping[str, str | None] = dataclasses.field(default_factory=dict)  # pod name -> status.pods[].step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +172,8 @@ def fleet_view(fleet: Manifest | None) -> FleetView | None:
     if not status:
         return None
     pods = {str(p.get("name")): p.get("revision") for p in status.get("pods") or [] if p.get("name")}
-    return FleetView(current=status.get("currentRevision"), target=status.get("targetRevision"), pods=pods)
+    steps = {str(p.get("name")): p.get("step") for p in status.get("pods") or [] if p.get("name")}
+    return FleetView(current=status.get("currentRevision"), target=status.get("targetRevision"), pods=pods, steps=steps)
 
 
 # --- pure checks -------------------------------------------------------------------------------------
@@ -260,17 +262,35 @@ def check_serving(
     return found
 
 
+# Steps the operator reports for a pod whose engine it could not read (planning.transaction.Step).
+UNREAD_STEPS = frozenset({"Unreachable", "EngineError"})
+
+
 def status_disagreement(pod: str, engine: EngineView, fleet: FleetView | None) -> str | None:
-    """Check d for one pod with a listening engine: what the status says vs what the verifier holds."""
+    """Check d for one pod with a listening engine: what the status says vs what the verifier holds.
+
+    A status that names no revision because the operator's last read of this engine failed (its step says
+    so) claims nothing: that is ``status_unread``, counted apart, not a disagreement.
+    """
     if fleet is None:
         return None
     if pod not in fleet.pods:
         return f"pod missing from status.pods (engine holds r{engine.verifier.revision})"
     said = fleet.pods[pod]
     held = engine.verifier.revision
-    if said != held:
-        return f"status says r{said}, verifier holds r{held} ({engine.verifier.kind})"
+    if said != held and status_unread(pod, engine, fleet) is None:
+        return f"status says r{said} (step {fleet.steps.get(pod)}), verifier holds r{held} ({engine.verifier.kind})"
     return None
+
+
+def status_unread(pod: str, engine: EngineView, fleet: FleetView | None) -> str | None:
+    """The status says the engine's revision is unknown because the operator could not read it."""
+    if fleet is None or pod not in fleet.pods or fleet.pods[pod] is not None:
+        return None
+    step = fleet.steps.get(pod)
+    if step not in UNREAD_STEPS or engine.verifier.revision is None:
+        return None
+    return f"status says unknown (step {step}), verifier holds r{engine.verifier.revision} ({engine.verifier.kind})"
 
 
 class Lag:
@@ -467,6 +487,9 @@ class Observer:
                 "recent_faults": self._context(name, t),
             }
             said = status_disagreement(name, engine, fleet)
+            unread = status_unread(name, engine, fleet)
+            if unread is not None:
+                self.tally.add(t, "unread", name, {"message": unread, **context})
             beyond, lasted = self.lag.observe(t, name, said is not None)
             if said is not None:
                 record = {"message": said, "lasted_s": round(lasted, 2), **context}

@@ -291,3 +291,14 @@ def test_judge_notes_an_engine_restart() -> None:
     observer.judge(2.0, [pod()], fleet(), {fresh.key: fresh}, {fresh.key: fresh})
     example = observer.tally.examples["b"][0]
     assert example["engine_restarted_s_ago"] == 0.0
+
+
+def test_a_status_that_could_not_read_the_engine_claims_nothing() -> None:
+    """A pod whose last read failed is reported with no revision and a step that says so: that is not a
+    wrong claim (check d) but it is counted apart; a missing revision without such a step is still d."""
+    unread = obs.FleetView(current=3, target=None, pods={"policy-0": None}, steps={"policy-0": "EngineError"})
+    assert obs.status_disagreement("policy-0", engine(), unread) is None
+    assert "unknown" in (obs.status_unread("policy-0", engine(), unread) or "")
+    silent = obs.FleetView(current=3, target=None, pods={"policy-0": None}, steps={"policy-0": "Done"})
+    assert obs.status_disagreement("policy-0", engine(), silent) is not None
+    assert obs.status_unread("policy-0", engine(), silent) is None
