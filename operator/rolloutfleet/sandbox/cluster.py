@@ -22,6 +22,7 @@ import base64
 import contextlib
 import dataclasses
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -159,6 +160,23 @@ class Cluster:
         tmp.write_text(json.dumps(state, indent=2))
         tmp.rename(self.state_file)
 
+    def adopt(self, name: str, pid: int, binary: str, log: str, *, group: bool = True) -> None:
+        """Record a process started beside the cluster (the demo's operator, the demo itself) so that
+        ``stop`` — and so ``sandbox down`` from another shell — stops it too, before the control plane."""
+        state = self._state()
+        adopted = [r for r in state.get("adopted", []) if r.get("name") != name]
+        record = processes.Record(name=name, pid=pid, binary=binary, log=log, group=group)
+        state["adopted"] = [*adopted, dataclasses.asdict(record)]
+        self._write_state(state)
+
+    def adopt_this_process(self, name: str) -> None:
+        """Record the calling process (not a group leader: only it is signalled) for ``sandbox down``."""
+        argv = processes.cmdline(os.getpid())
+        self.adopt(name, os.getpid(), argv[0] if argv else sys.executable, "(its terminal)", group=False)
+
+    def _adopted(self) -> list[processes.Record]:
+        return [processes.Record(**r) for r in self._state().get("adopted", [])]
+
     def _records(self) -> list[processes.Record]:
         found = {r["name"]: processes.Record(**r) for r in self._state().get("components", [])}
         return [found[name] for name in COMPONENTS if name in found]
@@ -182,6 +200,7 @@ class Cluster:
     def pids(self) -> list[int]:
         """Every live process that mentions this cluster's directory or data dir (for leak checks)."""
         found = set(processes.matching(str(self.directory)))
+        found.update(r.pid for r in self._adopted() if r.pid != os.getpid() and processes.alive(r))
         data_dir = self._state().get("etcd_data_dir")
         if data_dir:
             found.update(processes.matching(data_dir))
@@ -398,6 +417,9 @@ class Cluster:
         records = self._records()
         if records and not quiet:
             self.progress(f"stopping cluster {self.name!r}")
+        # What was started beside the cluster goes first (an operator left running would only log errors
+        # against a stopped API server); the calling process never signals itself.
+        processes.terminate([r for r in self._adopted() if r.pid != os.getpid()], {})
         processes.terminate(records, self._popens)
         self._popens.clear()
         data_dir = state.get("etcd_data_dir")

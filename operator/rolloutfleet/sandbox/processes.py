@@ -33,6 +33,7 @@ class Record:
     pid: int
     binary: str
     log: str
+    group: bool = True  # a session leader of its own group (spawned here); False: signal the process alone
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -93,9 +94,12 @@ def matching(needle: str) -> list[int]:
     return sorted(found)
 
 
-def _signal_group(pid: int, sig: signal.Signals) -> None:
+def _signal(record: Record, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
+        if record.group:
+            os.killpg(record.pid, sig)
+        else:
+            os.kill(record.pid, sig)
 
 
 def terminate(records: Iterable[Record], popens: dict[str, subprocess.Popen[bytes]], *, grace: float = 10.0) -> None:
@@ -107,14 +111,14 @@ def terminate(records: Iterable[Record], popens: dict[str, subprocess.Popen[byte
     for record in records:
         if not alive(record):
             continue
-        _signal_group(record.pid, signal.SIGTERM)
+        _signal(record, signal.SIGTERM)
         proc = popens.get(record.name)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and alive(record):
             if proc is not None:
                 proc.poll()  # reap our own child so that it does not linger as a zombie
             time.sleep(0.02)
-        _signal_group(record.pid, signal.SIGKILL)  # also whatever the leader may have forked
+        _signal(record, signal.SIGKILL)  # also whatever the leader may have forked
         if proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
