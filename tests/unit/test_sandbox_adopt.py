@@ -9,6 +9,7 @@ from __future__ import annotations
 import pathlib
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -19,6 +20,15 @@ pytestmark = pytest.mark.unit
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
 
+def exec_done(pid: int) -> bool:
+    """The child runs the sleeper (between fork and exec it still shows the parent's command line)."""
+    for _ in range(500):
+        if processes.cmdline(pid)[1:2] == ["-c"]:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def test_stop_ends_adopted_processes_and_pids_lists_them(tmp_path: pathlib.Path) -> None:
     target = cluster.Cluster(tmp_path / "sandbox", name="adopt")
     target.directory.mkdir(parents=True)
@@ -27,6 +37,7 @@ def test_stop_ends_adopted_processes_and_pids_lists_them(tmp_path: pathlib.Path)
     # Like the demo process itself under --keep: not a group leader, so only it may be signalled.
     plain = subprocess.Popen(SLEEPER)
     try:
+        assert exec_done(leader.pid) and exec_done(plain.pid)
         target.adopt("operator", leader.pid, record.binary, record.log)
         target.adopt("demo", plain.pid, sys.executable, "(terminal)", group=False)
         assert {leader.pid, plain.pid} <= set(target.pids())
