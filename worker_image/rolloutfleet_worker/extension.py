@@ -44,6 +44,7 @@ from rolloutfleet_worker.payloads import (
     PreflightResult,
     PushBeginResult,
     PushEndResult,
+    PushGroupResult,
     StateResult,
     fail,
 )
@@ -297,6 +298,7 @@ def _report(worker: Any) -> StateResult:
         shared_tensors=shared,
         rank=models.rank(),
         session=push.session_report(state.session),
+        group=state.group,
     )
 
 
@@ -340,6 +342,13 @@ class RolloutFleetExtension:
         """Open the extension's side of a weight-transfer session into ``target`` (before vLLM's start)."""
         try:
             return push.begin(self, target, revision, epoch)
+        except Exception as exc:
+            return fail("internal", f"{type(exc).__name__}: {exc}")
+
+    def rolloutfleet_push_group(self, epoch: int, rank_offset: int, world_size: int) -> PushGroupResult | Failure:
+        """Record the NCCL transfer group this process joined (after vLLM's init returned)."""
+        try:
+            return push.record_group(self, epoch, rank_offset, world_size)
         except Exception as exc:
             return fail("internal", f"{type(exc).__name__}: {exc}")
 

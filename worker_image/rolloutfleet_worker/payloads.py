@@ -29,6 +29,7 @@ ErrorCode = Literal[
     "failed",  # an update into the session raised (or vLLM's side was never committed)
     "abandoned",  # the operator gave the session up (the trainer did not send in time)
     "no_session",  # push_end without an open session
+    "invalid_group",  # push_group with a malformed membership
 ]
 Target = Literal["verifier", "draft"]
 DraftPolicy = Literal["coUpdate", "frozen"]
@@ -110,6 +111,19 @@ class SessionState(TypedDict):
     error: str | None  # an update into it raised: vLLM ended its side, push_end will fail it
 
 
+class GroupState(TypedDict):
+    """The NCCL transfer group this process joined (``rolloutfleet_push_group``)."""
+
+    epoch: int
+    rank_offset: int
+    world_size: int
+
+
+class PushGroupResult(TypedDict):
+    ok: Literal[True]
+    epoch: int
+
+
 class StateResult(TypedDict):
     ok: Literal[True]
     resident: bool
@@ -120,6 +134,7 @@ class StateResult(TypedDict):
     shared_tensors: list[str]
     rank: int
     session: SessionState | None
+    group: GroupState | None  # None until the operator records a join; a new process has none
 
 
 def fail(code: ErrorCode, message: str) -> Failure:

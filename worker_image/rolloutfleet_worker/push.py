@@ -19,8 +19,10 @@ from rolloutfleet_worker import options, records
 from rolloutfleet_worker.payloads import (
     ErrorCode,
     Failure,
+    GroupState,
     PushBeginResult,
     PushEndResult,
+    PushGroupResult,
     SessionState,
     Target,
     fail,
@@ -50,6 +52,24 @@ def session_report(session: Session | None) -> SessionState | None:
 def _count(value: object) -> bool:
     """A non-negative int that is not a bool (revisions and epochs)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def record_group(worker: Any, epoch: object, rank_offset: object, world_size: object) -> PushGroupResult | Failure:
+    """Remember the NCCL group this process joined: the operator calls it once vLLM's
+    ``/init_weight_transfer_engine`` returned (every rank joined). Only memory: a restarted process joined
+    nothing, which is how the operator sees that the group lost a member and must be formed again."""
+    if not (_count(epoch) and _count(rank_offset) and _count(world_size)):
+        return fail(
+            "invalid_group",
+            f"epoch, rank_offset, world_size must be integers >= 0: {epoch!r}, {rank_offset!r}, {world_size!r}",
+        )
+    assert isinstance(epoch, int) and isinstance(rank_offset, int) and isinstance(world_size, int)
+    if rank_offset < 1 or world_size <= rank_offset:
+        return fail("invalid_group", f"rank_offset {rank_offset} is not a rank of a group of {world_size}")
+    state = records.record_of(worker)
+    state.group = GroupState(epoch=epoch, rank_offset=rank_offset, world_size=world_size)
+    log.info("rolloutfleet: joined transfer group %d (ranks from %d of %d)", epoch, rank_offset, world_size)
+    return PushGroupResult(ok=True, epoch=epoch)
 
 
 def begin(worker: Any, target: object, revision: object, epoch: object) -> PushBeginResult | Failure:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rolloutfleet_worker import options
-from rolloutfleet_worker.payloads import Failure, VerifierState, fail
+from rolloutfleet_worker.payloads import Failure, GroupState, VerifierState, fail
 
 if TYPE_CHECKING:
     from rolloutfleet_worker.transfer import Session
@@ -60,6 +60,7 @@ class Record:
     draft: Slot = field(default_factory=Slot)
     baseline_taken: bool = False
     session: Session | None = None  # the open weight-transfer session (``push``)
+    group: GroupState | None = None  # the NCCL transfer group this process joined (``push.record_group``)
     # The draft's parameters shared with the verifier, as found at the last session's begin: while a session
     # is open or a target destroyed, parameters may sit on the meta device, where sharing cannot be seen.
     shared: list[str] | None = None

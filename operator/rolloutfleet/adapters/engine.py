@@ -341,6 +341,17 @@ class EngineClient:
             deadline=_or(deadline, self.timeouts.load),
         )
 
+    async def push_group(self, epoch: int, rank_offset: int, world_size: int, *, deadline: float | None = None) -> None:
+        """The extension records the NCCL group this process just joined (``/init_weight_transfer_engine``
+        returned): its state reports it from now on, and a restarted process reports none."""
+        step = "rolloutfleet_push_group"
+        results = await self.collective_rpc(
+            step,
+            kwargs={"epoch": epoch, "rank_offset": rank_offset, "world_size": world_size},
+            http_timeout=_or(deadline, self.timeouts.default),
+        )
+        wire.agreeing(results, url=self.base_url, step=step, key=lambda r: r.get("epoch"))
+
     async def push_end(self, *, abandon: bool = False, deadline: float | None = None) -> api.LoadResult:
         """The extension closes its side: the digest of exactly what was received, every parameter
         present, or ``EngineRPCError`` (``failed``, ``incomplete``, ``abandoned``, ``no_session``) with the

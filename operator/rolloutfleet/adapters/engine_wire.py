@@ -58,6 +58,14 @@ class DraftWire(TargetWire):
     policy: str | None
 
 
+class GroupWire(TypedDict):
+    """The NCCL transfer group a rank joined (``rolloutfleet_push_group``)."""
+
+    epoch: int
+    rank_offset: int
+    world_size: int
+
+
 class StateResult(TypedDict):
     """``rolloutfleet_state()`` on one rank."""
 
@@ -70,6 +78,7 @@ class StateResult(TypedDict):
     shared_tensors: list[str]
     rank: int
     session: NotRequired[SessionWire | None]
+    group: NotRequired[GroupWire | None]  # absent from extensions without NCCL groups: none
     error: NotRequired[ExtensionError]
 
 
@@ -194,6 +203,7 @@ def states_from_wire(results: list[Any], *, url: str) -> list[StateResult]:
             _pick(r.get("verifier"), "revision", "digest"),
             _pick(r.get("draft"), "revision", "digest"),
             _pick(r.get("session"), "target", "revision", "epoch", "error"),
+            _pick(r.get("group"), "epoch", "rank_offset", "world_size"),
         ),
     )
     for rank, result in enumerate(checked):
@@ -201,8 +211,9 @@ def states_from_wire(results: list[Any], *, url: str) -> list[StateResult]:
             raise EngineProtocolError(f"rank {rank}: not a state report: {_short(result, 200)}", url=url, step=step)
         try:
             _session(result.get("session"))
+            _group(result.get("group"))
         except (KeyError, ValueError, TypeError) as exc:
-            raise EngineProtocolError(f"rank {rank}: malformed session: {exc}", url=url, step=step) from exc
+            raise EngineProtocolError(f"rank {rank}: malformed session or group: {exc}", url=url, step=step) from exc
     return cast(list[StateResult], checked)
 
 
@@ -298,6 +309,7 @@ def state_from_wire(
         ),
         draft=draft,
         session=_session(first.get("session")),
+        group=_group(first.get("group")),
         weight_version=weight_version,
         mapped=first.get("mapped"),
         draft_method=first.get("draft_method"),
@@ -321,6 +333,17 @@ def _session(raw: Any) -> api.PushSession | None:
         tensors=int(raw.get("tensors") or 0),
         bytes=int(raw.get("bytes") or 0),
         error=None if error is None else str(error),
+    )
+
+
+def _group(raw: Any) -> api.GroupMembership | None:
+    """The transfer group of a state report (None when the process joined none); malformed raises."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError(f"group is not an object: {raw!r}")
+    return api.GroupMembership(
+        epoch=int(raw["epoch"]), rank_offset=int(raw["rank_offset"]), world_size=int(raw["world_size"])
     )
 
 

@@ -83,6 +83,15 @@ class PushSession:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class GroupMembership:
+    """The NCCL transfer group an engine process joined (the extension records it after the join)."""
+
+    epoch: int
+    rank_offset: int
+    world_size: int  # the group's, trainer included
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class EngineState:
     """One snapshot of one engine. ``reachable=False`` means every other field is a default, not a fact."""
 
@@ -104,6 +113,7 @@ class EngineState:
     admitted: bool | None = None  # the process's readiness probe passes; None: an image without admission
     session: PushSession | None = None  # an open weight-transfer session (pushed revisions)
     instance: str | None = None  # the engine process that answered (admission names it; None: not named)
+    group: GroupMembership | None = None  # NCCL: the transfer group this process joined (None: none)
 
     @classmethod
     def unreachable(cls, error: str) -> EngineState:

@@ -374,7 +374,12 @@ class NcclTransfer(WireModel):
     port: int = Field(
         default=29600, ge=1024, le=65535, description="The trainer's rendezvous port (engines connect to it)."
     )
-    packed: bool = Field(default=True, description="vLLM's packed broadcast (fewer, larger collectives).")
+    packed: bool = Field(
+        default=False,
+        description="vLLM's packed broadcast (fewer, larger collectives), set at the group's init: needs engines "
+        "of vLLM >= 0.28 (0.26 refuses it there and takes packing per update from the trainer). Trainer and "
+        "engines must agree, or the broadcast hangs.",
+    )
 
 
 class WeightTransfer(WireModel):

@@ -217,6 +217,9 @@ PUSH_PROTOCOL = 1
 # or why it could not send.
 PUSHED_ANNOTATION_PREFIX = "push.rolloutfleet.io/"
 PUSH_ERROR_ANNOTATION = PUSHED_ANNOTATION_PREFIX + "error"
+# NCCL: where the trainer (rank 0) waits for the group's other ranks, "<group epoch>@<host>:<port>"; a trainer
+# that is not rank 0 of the group shown (a new process) writes "new@<host>:<port>" to ask for a new group.
+RENDEZVOUS_ANNOTATION = PUSHED_ANNOTATION_PREFIX + "rendezvous"
 
 
 def pushed_annotation(target: str) -> str:
@@ -233,6 +236,30 @@ class PushSessionStatus(WireModel):
     epoch: int = Field(description="The set of sessions it was opened with.")
 
 
+class PushGroupRank(WireModel):
+    """One engine of a NCCL transfer group: its workers are ranks rankOffset .. rankOffset + worldSize - 1."""
+
+    pod: str = Field(description="Pod name.")
+    rank_offset: int = Field(ge=1, description="The rank of the engine's first worker (the trainer is rank 0).")
+    world_size: int = Field(ge=1, description="The engine's workers (tensor x pipeline parallel).")
+
+
+class PushGroupStatus(WireModel):
+    """The NCCL transfer group the trainer must join as rank 0 (docs/push.md, "Transfer group")."""
+
+    epoch: int = Field(ge=1, description="The group's number; a new group (pods changed) gets a higher one.")
+    world_size: int = Field(ge=2, description="Ranks of the group: the trainer and every engine worker.")
+    ranks: list[PushGroupRank] = Field(
+        default_factory=list,
+        description="Each engine's ranks, in pod ordinal order.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["pod"]},
+    )
+    formed: bool = Field(
+        default=False,
+        description="Every engine joined it: a trainer that is not its rank 0 asks for a new group.",
+    )
+
+
 class PushStatus(WireModel):
     """The operator's side of the push handshake (docs/push.md)."""
 
@@ -242,6 +269,9 @@ class PushStatus(WireModel):
         default_factory=list,
         description="Open sessions waiting for the trainer (complete epochs only).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["pod"]},
+    )
+    group: PushGroupStatus | None = Field(
+        default=None, description="NCCL only: the transfer group the sessions belong to (the trainer is rank 0)."
     )
 
 

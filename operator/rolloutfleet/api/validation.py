@@ -268,6 +268,7 @@ def validate_revision(
     errors: list[FieldError] = []
     roots = fleet_spec.weights.allowed_roots
     errors += _check_source(spec.verifier, "spec.verifier", roots, fleet_spec)
+    errors += _check_nccl_rollout(spec, fleet_spec)
     draft = fleet_spec.draft
     if spec.draft is not None:
         if draft.method == DraftMethod.NONE:
@@ -328,15 +329,27 @@ def _check_source(
                 "the fleet has no spec.weightTransfer: its engines were not started with a weight-transfer backend",
             )
         )
-    elif fleet_spec.weight_transfer.backend == fleet.TransferBackend.NCCL:
-        errors.append(
-            FieldError(
-                f"{field}.push",
-                "pushes over NCCL are not supported by this operator version (it does not form transfer groups "
-                "yet: docs/push.md); use backend ipc, or a path",
-            )
-        )
     return errors
+
+
+def _check_nccl_rollout(spec: WeightRevisionSpec, fleet_spec: RolloutFleetSpec) -> list[FieldError]:
+    """A NCCL push feeds every engine of the transfer group with one broadcast: all pods at once."""
+    transfer = fleet_spec.weight_transfer
+    pushed = spec.verifier.push is not None or (spec.draft is not None and spec.draft.push is not None)
+    if not pushed or transfer is None or transfer.backend != fleet.TransferBackend.NCCL:
+        return []
+    override = spec.strategy.rollout if spec.strategy is not None else None
+    rollout = override or fleet_spec.update_strategy.rollout
+    if rollout == fleet.RolloutType.ALL_AT_ONCE:
+        return []
+    field = "spec.strategy.rollout" if override is not None else "spec.verifier.push"
+    return [
+        FieldError(
+            field,
+            f"a push over NCCL reaches every engine of the transfer group at once (one broadcast): rollout "
+            f"{rollout.value} cannot run it; use AllAtOnce, or a path for a {rollout.value} update",
+        )
+    ]
 
 
 DIGEST_RE = re.compile(revision.DIGEST_PATTERN)

@@ -15,6 +15,7 @@ from rolloutfleet.api.revision import (
     Phase,
     PodFailure,
     PodProgress,
+    PushGroupStatus,
     PushSessionStatus,
     PushStatus,
     StepTiming,
@@ -193,6 +194,7 @@ def with_push(
     epoch: int,
     sessions: list[PushSessionStatus],
     generation: int,
+    group: PushGroupStatus | None = None,
 ) -> WeightRevisionStatus:
     """The push handshake's part of a status: the open sessions of complete epochs and ``SessionsOpen``.
 
@@ -210,5 +212,5 @@ def with_push(
         f"{len(sessions)} sessions of epoch <= {epoch} wait for the trainer" if sessions else "no session waits",
         observed_generation=generation,
     )
-    push = PushStatus(epoch=epoch, sessions=sorted(sessions, key=lambda s: s.pod))
+    push = PushStatus(epoch=epoch, sessions=sorted(sessions, key=lambda s: s.pod), group=group)
     return status.model_copy(update={"push": push, "conditions": conds})

@@ -28,7 +28,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from rolloutfleet.api.engine import EngineFault, EngineState, LoadResult, PushSession, Target, TargetState
+from rolloutfleet.api.engine import (
+    EngineFault,
+    EngineState,
+    GroupMembership,
+    LoadResult,
+    PushSession,
+    Target,
+    TargetState,
+)
 
 INITIAL_REVISION = 0  # the weights a fleet starts with (spec.verifier.path / spec.draft.path)
 
@@ -44,6 +52,7 @@ class Step(enum.StrEnum):
     RESTORE_DRAFT = "RestoreDraft"
     SET_VERSION = "SetWeightVersion"
     RESUME = "Resume"
+    JOIN_GROUP = "JoinGroup"  # NCCL: the engine joins the transfer group (the trainer is rank 0)
     OPEN_VERIFIER_SESSION = "OpenVerifierSession"
     OPEN_DRAFT_SESSION = "OpenDraftSession"
     END_SESSION = "EndSession"
@@ -54,6 +63,7 @@ class Step(enum.StrEnum):
     VERIFY_FAILED = "VerifyFailed"
     UNREACHABLE = "Unreachable"
     ENGINE_MISMATCH = "EngineMismatch"  # the engine is not the pair the fleet declares: no step can fix it
+    NO_RENDEZVOUS = "NoRendezvous"  # NCCL: the trainer did not publish where to join its group in time
     ENGINE_ERROR = "EngineError"  # the engine answered, but not usably (401, a malformed body, an RPC error)
 
 
@@ -67,6 +77,7 @@ ACTIONS = frozenset(
         Step.RESTORE_DRAFT,
         Step.SET_VERSION,
         Step.RESUME,
+        Step.JOIN_GROUP,
         Step.OPEN_VERIFIER_SESSION,
         Step.OPEN_DRAFT_SESSION,
         Step.END_SESSION,
@@ -75,7 +86,9 @@ ACTIONS = frozenset(
     }
 )
 LOAD_STEPS = frozenset({Step.LOAD_VERIFIER, Step.LOAD_DRAFT, Step.RESTORE_DRAFT})
-SESSION_STEPS = frozenset({Step.OPEN_VERIFIER_SESSION, Step.OPEN_DRAFT_SESSION, Step.END_SESSION, Step.ABANDON_SESSION})
+SESSION_STEPS = frozenset(
+    {Step.JOIN_GROUP, Step.OPEN_VERIFIER_SESSION, Step.OPEN_DRAFT_SESSION, Step.END_SESSION, Step.ABANDON_SESSION}
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +110,11 @@ class PushMarks:
     error_epoch: int | None = None
     deadline_s: float = 120.0
     can_open: bool = True
+    # NCCL only (None for IPC): the transfer group every session needs, the trainer's rendezvous for it
+    # ("host:port"; None: not published yet) and how long pods have waited for it (the deadline applies).
+    group_epoch: int | None = None
+    rendezvous: str | None = None
+    rendezvous_expired: bool = False
 
     def failed(self, session: PushSession) -> bool:
         """The trainer's error is about this session (a later session, e.g. a retry, is not affected)."""
@@ -266,20 +284,34 @@ def next_step(goal: Goal, state: EngineState) -> Decision:
         if state.mapped is False or (state.mapped is None and goal.sleep_mode and not state.resident):
             return Decision(Step.WAKE_WEIGHTS, "weights asleep: map them before the load")
         if goal.verifier_pushed:
-            return _open(goal, Step.OPEN_VERIFIER_SESSION, f"verifier holds revision {state.verifier.revision}")
+            return _open(goal, Step.OPEN_VERIFIER_SESSION, f"verifier holds revision {state.verifier.revision}", state)
         return Decision(Step.LOAD_VERIFIER, f"verifier holds revision {state.verifier.revision}")
     if not draft_ok(goal, state):
         if goal.frozen_draft_path is not None:
             return Decision(Step.RESTORE_DRAFT, "frozen draft discarded by the sleep")
         if goal.draft_pushed:
-            return _open(goal, Step.OPEN_DRAFT_SESSION, "verifier verified; draft behind")
+            return _open(goal, Step.OPEN_DRAFT_SESSION, "verifier verified; draft behind", state)
         return Decision(Step.LOAD_DRAFT, "verifier verified; draft behind")
     return Decision(Step.SET_VERSION, f"weight version {state.weight_version!r}")
 
 
-def _open(goal: Goal, step: Step, why: str) -> Decision:
-    if not goal.push.can_open:
+def _open(goal: Goal, step: Step, why: str, state: EngineState) -> Decision:
+    push = goal.push
+    if not push.can_open:
         return Decision(Step.AWAIT_PUSH, "pushed weights: only the trainer's next revision can bring this pod")
+    if push.group_epoch is not None:
+        # NCCL: a session is fed by one broadcast from the trainer, rank 0 of the group: wait until the
+        # trainer said it is (its rendezvous for this group), then make sure this process is in it.
+        if push.rendezvous is None:
+            if push.rendezvous_expired:
+                return Decision(
+                    Step.NO_RENDEZVOUS,
+                    f"the trainer published no rendezvous for transfer group {push.group_epoch} in "
+                    f"{push.deadline_s:g}s",
+                )
+            return Decision(Step.AWAIT_PUSH, f"{why}: waiting for the trainer's rendezvous of group {push.group_epoch}")
+        if state.group is None or state.group.epoch != push.group_epoch:
+            return Decision(Step.JOIN_GROUP, f"{why}: join transfer group {push.group_epoch} at {push.rendezvous}")
     return Decision(step, f"{why}: open a session for the trainer")
 
 
@@ -305,7 +337,9 @@ def ready_to_resume(goal: Goal, state: EngineState) -> bool:
     return next_step(goal, state).step == Step.RESUME
 
 
-def acknowledged(state: EngineState, step: Step, goal: Goal, load: LoadResult | None = None) -> EngineState:
+def acknowledged(
+    state: EngineState, step: Step, goal: Goal, load: LoadResult | None = None, group: GroupMembership | None = None
+) -> EngineState:
     """The engine's state after it acknowledged ``step`` with a success (HTTP 200 / an ok RPC result).
 
     The acknowledgement is itself an observation by the engine: a load's result carries the revision and
@@ -339,4 +373,6 @@ def acknowledged(state: EngineState, step: Step, goal: Goal, load: LoadResult | 
         return dataclasses.replace(state, session=None, draft=dataclasses.replace(received, policy=policy))
     if step == Step.RESUME:
         return dataclasses.replace(state, paused=False, sleeping=False, sleep_level=0)
+    if step == Step.JOIN_GROUP and goal.push.group_epoch is not None and group is not None:
+        return dataclasses.replace(state, group=group)
     return state

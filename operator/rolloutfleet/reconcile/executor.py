@@ -30,7 +30,7 @@ from typing import Any
 
 from rolloutfleet.adapters import engine_wire
 from rolloutfleet.adapters.engine import EngineClient
-from rolloutfleet.api.engine import LoadResult, PushSession, Target
+from rolloutfleet.api.engine import GroupMembership, LoadResult, PushSession, Target
 from rolloutfleet.api.fleet import StepTimeouts
 from rolloutfleet.planning.transaction import SESSION_STEPS, Goal, Step
 
@@ -70,22 +70,30 @@ def reason_of(exc: engine_wire.EngineError) -> str:
 @dataclasses.dataclass(frozen=True)
 class SessionContext:
     """What session steps need beyond the goal: the pass's epoch, the engine's open session, the backend's
-    ``init_info`` (``{}`` for IPC; None: nothing to initialise) and why an abandon happens."""
+    ``init_info`` and ``group`` (NCCL's JoinGroup: what ``/init_weight_transfer_engine`` takes and the
+    membership then recorded) and why an abandon happens."""
 
     epoch: int = 0
     session: PushSession | None = None
     init_info: dict[str, Any] | None = None
     why: str = ""
+    group: GroupMembership | None = None  # JoinGroup: the membership the extension records once joined
 
 
 async def _session(
     engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeouts, ctx: SessionContext
 ) -> LoadResult | None:
     control = float(timeouts.pause_seconds)
+    if step == Step.JOIN_GROUP:
+        if ctx.init_info is None or ctx.group is None:
+            raise StepError(step, "NoRendezvous", "no rendezvous or no rank for this pod in the transfer group")
+        # Collective: returns once every rank (the trainer too) joined; vLLM's own store waits up to 300 s.
+        await engine.init_weight_transfer(ctx.init_info, deadline=float(timeouts.push_seconds))
+        group = ctx.group
+        await engine.push_group(group.epoch, group.rank_offset, group.world_size, deadline=control)
+        return None
     if step in (Step.OPEN_VERIFIER_SESSION, Step.OPEN_DRAFT_SESSION):
         target = Target.VERIFIER if step == Step.OPEN_VERIFIER_SESSION else Target.DRAFT
-        if ctx.init_info is not None:
-            await engine.init_weight_transfer(ctx.init_info, deadline=control)
         await engine.push_begin(target, goal.revision, ctx.epoch, deadline=control)
         try:
             await engine.start_weight_update(target, deadline=control)

@@ -14,9 +14,17 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rolloutfleet.api import vllm_flags
 from rolloutfleet.api.engine import EngineState, Target
 from rolloutfleet.api.fleet import RolloutFleetSpec, TransferBackend
-from rolloutfleet.api.revision import PUSH_ERROR_ANNOTATION, PushSessionStatus, pushed_annotation
+from rolloutfleet.api.revision import (
+    PUSH_ERROR_ANNOTATION,
+    RENDEZVOUS_ANNOTATION,
+    PushGroupRank,
+    PushGroupStatus,
+    PushSessionStatus,
+    pushed_annotation,
+)
 from rolloutfleet.planning import revisions
 from rolloutfleet.planning.transaction import Goal, PushMarks, Step
 
@@ -25,6 +33,8 @@ OPEN_STEPS = frozenset({Step.OPEN_VERIFIER_SESSION, Step.OPEN_DRAFT_SESSION})
 ERROR_MAX = 512  # characters of the trainer's error kept in messages
 # "<target> epoch <N>: ..." (rolloutfleet.trainer.sessions.error): the sessions the error is about.
 _ERROR_SCOPE = re.compile(r"^(verifier|draft) epoch (\d+): ")
+# "<group epoch>@<host>:<port>" (rolloutfleet.trainer): where the trainer, rank 0, waits for the group.
+_RENDEZVOUS = re.compile(r"^(\d+|new)@(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
 
 
 def _epoch(value: object) -> int | None:
@@ -58,12 +68,113 @@ def marks(spec: RolloutFleetSpec, rev: revisions.Revision | None, *, rolling_bac
     )
 
 
-def goal_with_marks(goal: Goal, spec: RolloutFleetSpec, rev: revisions.Revision | None, *, rolling_back: bool) -> Goal:
-    """``goal`` with the push rules in force (unchanged for goals without pushed targets)."""
+def goal_with_marks(
+    goal: Goal,
+    spec: RolloutFleetSpec,
+    rev: revisions.Revision | None,
+    *,
+    rolling_back: bool,
+    group: PushGroupStatus | None = None,
+    rendezvous_expired: bool = False,
+) -> Goal:
+    """``goal`` with the push rules in force (unchanged for goals without pushed targets).
+
+    ``group``: NCCL's transfer group every session needs (``transfer_group``); the trainer's rendezvous
+    applies only when published for that group's epoch. ``rendezvous_expired``: pods have waited for it
+    longer than ``pushSeconds``.
+    """
     if not goal.pushed:
         return goal
     # A rollback's goal is the served record, never the active revision: its marks do not apply.
-    return dataclasses.replace(goal, push=marks(spec, rev, rolling_back=rolling_back))
+    found = marks(spec, rev, rolling_back=rolling_back)
+    transfer = spec.weight_transfer
+    if group is None and transfer is not None and transfer.backend == TransferBackend.NCCL:
+        # No session before the group is known: one opened outside it would wait for a broadcast that
+        # cannot reach it.
+        return dataclasses.replace(goal, push=dataclasses.replace(found, can_open=False))
+    if group is not None:
+        notes = ((rev.body.get("metadata") or {}).get("annotations") or {}) if rev is not None else {}
+        found = dataclasses.replace(
+            found,
+            group_epoch=group.epoch,
+            rendezvous=rendezvous_for(notes.get(RENDEZVOUS_ANNOTATION), group.epoch),
+            rendezvous_expired=rendezvous_expired,
+        )
+    return dataclasses.replace(goal, push=found)
+
+
+def rendezvous_for(value: object, epoch: int) -> str | None:
+    """The trainer's "host:port" for group ``epoch`` (None: absent, malformed, or for another group)."""
+    found = _RENDEZVOUS.match(str(value or ""))
+    if found is None or found[1] != str(epoch) or not 0 < int(found[3]) < 65536:
+        return None
+    return f"{found[2]}:{found[3]}"
+
+
+def new_group_requested(rev: revisions.Revision | None) -> bool:
+    """The trainer is not rank 0 of the group shown (a new trainer process): it asks for a new group."""
+    notes = ((rev.body.get("metadata") or {}).get("annotations") or {}) if rev is not None else {}
+    return str(notes.get(RENDEZVOUS_ANNOTATION) or "").startswith("new@")
+
+
+def engine_workers(spec: RolloutFleetSpec) -> int:
+    """Ranks one engine brings to a NCCL group: its tensor x pipeline parallel workers (vLLM's worker rank
+    is ``rank_offset + its rank``)."""
+    pipeline = 1
+    args = list(spec.extra_args)
+    for i, arg in enumerate(args):
+        if vllm_flags.flag_name(arg) != "--pipeline-parallel-size":
+            continue
+        value = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "1")
+        pipeline = int(value) if value.isdigit() else 1
+    return spec.tensor_parallel_size * max(1, pipeline)
+
+
+def transfer_group(
+    spec: RolloutFleetSpec,
+    order: list[str],
+    recorded: PushGroupStatus | None,
+    states: Mapping[str, EngineState],
+    *,
+    new_requested: bool = False,
+) -> PushGroupStatus | None:
+    """The NCCL group for this pass's pods (None for IPC), derived from what the engines report.
+
+    The trainer is rank 0; each engine in pod ordinal order gets the next ``engine_workers`` ranks. A group
+    every engine reports (same epoch, its own ranks) is kept across revisions: vLLM's init is a collective
+    that is neither needed nor safe to run again. Else this revision's ``recorded`` group while forming
+    (nobody joined it yet, or everybody did). Else, and when the trainer asks (``new_requested``: it is
+    not rank 0 of the formed group), a new group above every epoch seen: NCCL groups cannot take a member
+    back, so once one engine process is new (it reports none), every engine joins a new group.
+    """
+    transfer = spec.weight_transfer
+    if transfer is None or transfer.backend != TransferBackend.NCCL or not order:
+        return None
+    workers, ranks, offset = engine_workers(spec), [], 1
+    for pod in order:
+        ranks.append(PushGroupRank(pod=pod, rank_offset=offset, world_size=workers))
+        offset += workers
+    members = {p: states[p] for p in order if p in states and states[p].reachable}
+    reported = {
+        s.group.epoch
+        for p, s in members.items()
+        if s.group is not None
+        and s.group.world_size == offset
+        and s.group.rank_offset == ranks[order.index(p)].rank_offset
+    }
+    everyone = len(members) == len(order) and all(s.group is not None for s in members.values())
+    formed = next(iter(reported)) if everyone and len(reported) == 1 else None
+    # This revision's group, newer than the one the engines formed, is forming (a trainer asked for it).
+    newer = recorded is not None and (formed is None or recorded.epoch > formed)
+    if formed is not None and not new_requested and not newer:
+        return PushGroupStatus(epoch=formed, world_size=offset, ranks=ranks, formed=True)
+    if recorded is not None and recorded.ranks == ranks and recorded.world_size == offset and newer:
+        joined = [s for s in members.values() if s.group is not None and s.group.epoch == recorded.epoch]
+        if not joined or len(joined) == len(members):
+            return recorded.model_copy(update={"formed": bool(joined) and len(joined) == len(order)})
+    seen = [s.group.epoch for s in states.values() if s.group is not None]
+    epoch = max([recorded.epoch if recorded is not None else 0, *seen]) + 1
+    return PushGroupStatus(epoch=epoch, world_size=offset, ranks=ranks)
 
 
 def recorded_epoch(rev: revisions.Revision | None) -> int:
@@ -79,15 +190,31 @@ def next_epoch(current: int, states: Iterable[EngineState]) -> int:
     return max([current, *seen]) + 1
 
 
-def init_info(spec: RolloutFleetSpec) -> dict[str, Any] | None:
-    """What ``/init_weight_transfer_engine`` needs before a session, or None when nothing does.
+def init_info(
+    spec: RolloutFleetSpec, group: PushGroupStatus | None, rendezvous: str | None, pod: str
+) -> dict[str, Any] | None:
+    """What ``/init_weight_transfer_engine`` needs for ``pod`` (a JoinGroup step), or None when nothing does.
 
-    IPC: nothing (vLLM 0.26's IPC init is a no-op: its init info is empty). NCCL is refused by validation
-    until this operator forms transfer groups (docs/push.md, "Transfer group").
+    IPC: nothing (vLLM's IPC init is a no-op). NCCL: the trainer's rendezvous, the group's size and this
+    engine's first rank; ``packed`` only when the fleet asks for it (vLLM >= 0.28 takes packing at init;
+    0.26 refuses the keys and takes packing per update from the trainer).
     """
     transfer = spec.weight_transfer
-    assert transfer is None or transfer.backend == TransferBackend.IPC, "validation refuses pushes over NCCL"
-    return None
+    if transfer is None or transfer.backend != TransferBackend.NCCL or group is None or rendezvous is None:
+        return None
+    rank = next((r for r in group.ranks if r.pod == pod), None)
+    if rank is None:
+        return None
+    host, _, port = rendezvous.rpartition(":")
+    info: dict[str, Any] = {
+        "master_address": host.strip("[]"),
+        "master_port": int(port),
+        "rank_offset": rank.rank_offset,
+        "world_size": group.world_size,
+    }
+    if transfer.nccl is not None and transfer.nccl.packed:
+        info["packed"] = True
+    return info
 
 
 def published_sessions(

@@ -27,7 +27,7 @@ from rolloutfleet.adapters.kube import KubeError
 from rolloutfleet.api import engine
 from rolloutfleet.api.engine import EngineFault
 from rolloutfleet.api.fleet import RolloutFleetSpec
-from rolloutfleet.api.revision import ParityProbe, ParityProbeResult, Phase, PodFailure
+from rolloutfleet.api.revision import ParityProbe, ParityProbeResult, Phase, PodFailure, PushGroupStatus
 from rolloutfleet.planning import failures, revision_status, revisions, rollout, transaction, verification
 from rolloutfleet.planning.transaction import Decision, Goal, Step
 from rolloutfleet.reconcile import executor, gates, preflight, probe, push
@@ -92,6 +92,8 @@ class RolloutPass:
         # Pushed weights: the newest epoch of sessions opened (the status keeps it across operator restarts)
         # and the epochs whose sessions are still being opened (not published before they are complete).
         self.push_epoch = push.recorded_epoch(self.rev)
+        # NCCL: the transfer group of this pass's pods, chosen once their engines were first read.
+        self.group: PushGroupStatus | None = None
         self.opening: dict[int, set[str]] = {}
         self.pod_epoch: dict[str, int] = {}
         self.restarted: set[str] = set()
@@ -321,6 +323,7 @@ class RolloutPass:
         self.fresh.update(read)
         self.changed.update(read)
         now = time.monotonic()
+        self._mark_group(now)
         goal = verification.with_reference_digests(self.goal, list(self.states.values()))
         # Decide again only where something changed (a read, a finished step), unless the reference
         # digests moved: then every settled pod's verdict may have.
@@ -335,6 +338,27 @@ class RolloutPass:
         self._remember_states()
         self.memory.steps = {p: d.step.value for p, d in self.decisions.items()}
         return set(read)
+
+    def _mark_group(self, now: float) -> None:
+        """NCCL: choose the transfer group once every pod was read, then keep the goal's push rules in step
+        with it (the trainer's rendezvous for its epoch, and whether pods waited for it past the deadline)."""
+        if not self.goal.pushed or self.rev is None or self.sel.rolling_back:
+            return  # no sessions are opened (push.marks): no group either
+        if self.group is None:
+            if any(p not in self.states for p in self.order):
+                return
+            recorded = self.rev.status.push.group if self.rev.status.push is not None else None
+            wants_new = push.new_group_requested(self.rev)
+            self.group = push.transfer_group(self.spec, self.order, recorded, self.states, new_requested=wants_new)
+            if self.group is None:
+                return
+        waited = now - self.memory.started.get(self.key, now)
+        expired = waited >= float(self.spec.update_strategy.timeouts.push_seconds)
+        if self.goal.push.group_epoch != self.group.epoch or self.goal.push.rendezvous_expired != expired:
+            assert self.sel.goal is not None
+            self.goal = push.goal_with_marks(
+                self.sel.goal, self.spec, self.rev, rolling_back=False, group=self.group, rendezvous_expired=expired
+            )
 
     def _decide(self, pod: str, goal: Goal, now: float) -> Decision:
         """The pod's next step, counting verdicts that are failures (they are read again next pass)."""
@@ -363,6 +387,8 @@ class RolloutPass:
             self._fail(pod, FAULT_REASONS.get(state.fault, "EngineError"), decision.reason)
         elif decision.step == Step.ENGINE_MISMATCH:
             self._fail(pod, "EngineMismatch", decision.reason)
+        elif decision.step == Step.NO_RENDEZVOUS:
+            self._fail(pod, "NoRendezvous", decision.reason)
         elif decision.step == Step.VERIFY_FAILED:
             # A mismatching digest is a failed attempt; the retry reloads the offending target.
             self._fail(pod, "VerifyFailed", decision.reason)
@@ -449,11 +475,13 @@ class RolloutPass:
         if decision.step == Step.RESTART_POD:
             await self._restart(pod, decision.reason)
             return
+        membership = self._membership(pod)
         session = executor.SessionContext(
             epoch=self.pod_epoch.get(pod, 0),
             session=self.states[pod].session,
-            init_info=push.init_info(self.spec),
+            init_info=push.init_info(self.spec, self.group, self.goal.push.rendezvous, pod),
             why=decision.reason,
+            group=membership,
         )
         try:
             async with limit:
@@ -478,12 +506,32 @@ class RolloutPass:
             self.stale.add(pod)
         if decision.step == Step.END_SESSION and load is not None:
             self._count_session(load.target.value, "verified")
-        self.states[pod] = transaction.acknowledged(self.states[pod], decision.step, self.goal, load)
+        self.states[pod] = transaction.acknowledged(self.states[pod], decision.step, self.goal, load, membership)
         if decision.step == Step.RESUME:
             await self._route(pod, True, "Serving", f"serves revision {self.goal.revision}, verified")
         self.memory.durations.setdefault(self.key, {}).setdefault(decision.step.value, []).append(seconds)
         self.ctx.metrics.step_duration.labels(*self.fleet_labels, decision.step.value, self.plan.mode.value).observe(
             seconds
+        )
+
+    def _group_status(self) -> PushGroupStatus | None:
+        """The pass's group as published: ``formed`` once every pod's engine reports it."""
+        group = self.group
+        if group is None:
+            return None
+        joined = all(
+            (s := self.states.get(p)) is not None and s.group is not None and s.group.epoch == group.epoch
+            for p in self.order
+        )
+        return group.model_copy(update={"formed": joined})
+
+    def _membership(self, pod: str) -> engine.GroupMembership | None:
+        """This pod's place in the pass's NCCL group (None: IPC, or not a member)."""
+        rank = next((r for r in self.group.ranks if r.pod == pod), None) if self.group is not None else None
+        if self.group is None or rank is None:
+            return None
+        return engine.GroupMembership(
+            epoch=self.group.epoch, rank_offset=rank.rank_offset, world_size=self.group.world_size
         )
 
     def _count_session(self, target: str, outcome: str) -> None:
@@ -605,6 +653,7 @@ class RolloutPass:
                 epoch=max((e for e in [self.push_epoch] if e not in self.opening), default=0),
                 sessions=push.published_sessions(self.states, self.opening, self.pods.bodies, self.spec.port),
                 generation=writes.generation(self.rev.body),
+                group=self._group_status(),
             )
         await writes.write_revision(self.ctx, self.rev, new)
 

@@ -241,6 +241,7 @@ class EngineCore:
             "draft_method": self.spec.draft_method if self.draft is not None else None,
             "shared_tensors": list(self.spec.shared_tensors),
             "session": None if self.transfer.push is None else self.transfer.push.report(),
+            "group": self.transfer.group,
         }
         return [{**base, "rank": r} for r in range(self.spec.tp_size)]
 
@@ -404,7 +405,7 @@ class EngineCore:
                     return await self._load(kwargs, corrupt=corrupt)
                 if method == "rolloutfleet_restore_draft":
                     return await self._load({**kwargs, "target": "draft", "restore": True}, corrupt=corrupt)
-                if method in ("rolloutfleet_push_begin", "rolloutfleet_push_end"):
+                if method in ("rolloutfleet_push_begin", "rolloutfleet_push_end", "rolloutfleet_push_group"):
                     return await self._push(method, kwargs)
                 raise InternalError(f"AttributeError: 'Worker' object has no attribute {method!r}")
             finally:
@@ -413,8 +414,12 @@ class EngineCore:
     async def _push(self, method: str, kw: dict[str, Any]) -> list[dict[str, Any]]:
         """The extension's session RPCs (``rolloutfleet.sim.transfer``), one result per rank."""
         try:
-            begin = method == "rolloutfleet_push_begin"
-            result = self.transfer.push_begin(kw) if begin else self.transfer.push_end(kw)
+            if method == "rolloutfleet_push_group":
+                result = self.transfer.push_group(kw)
+            elif method == "rolloutfleet_push_begin":
+                result = self.transfer.push_begin(kw)
+            else:
+                result = self.transfer.push_end(kw)
         except transfer.PushError as exc:
             return [{"ok": False, "error": {"code": exc.code, "message": exc.message}}] * self.spec.tp_size
         finally:

@@ -35,6 +35,11 @@ parameter's is accepted (vLLM's copy converts it) and hashed as sent. When that 
 unreadable the parameters are unknown: any name and shape is taken, and a session is complete once it
 received one tensor.
 
+NCCL groups: ``init_weight_transfer_engine`` checks vLLM's keys and joins at once (the simulator opens no
+rendezvous socket and receives no broadcast; the sender still puts the bytes in each request); a peer that
+never comes is the ``hang`` fault on it. ``rolloutfleet_push_group`` records the group joined, reported as
+``group`` by ``rolloutfleet_state`` and lost with the process, as ``rolloutfleet_worker.push`` does.
+
 The extension's side (``rolloutfleet_push_begin``/``_end``, as ``rolloutfleet_worker.push`` and its
 payloads) hashes every tensor its target receives with the project's one digest
 (``rolloutfleet_worker.digest`` through ``rolloutfleet.digest``: BLAKE3 per tensor of its raw bytes,
@@ -212,6 +217,7 @@ class Transfer:
     def __init__(self, host: Host) -> None:
         self.host = host
         self.initialized = False
+        self.group: dict[str, int] | None = None  # the extension's record of the NCCL group joined
         self.vllm: VllmSession | None = None
         self.push: PushSession | None = None
 
@@ -413,6 +419,17 @@ class Transfer:
             self.host.weight_version = weight_version  # 0.33: finish_weight_update(weight_version)
 
     # --- the extension's RPCs ----------------------------------------------------------------------
+
+    def push_group(self, kw: dict[str, Any]) -> dict[str, Any]:
+        """``rolloutfleet_push_group``: remember the NCCL group joined, as ``rolloutfleet_worker.push``."""
+        values = [kw.get(k) for k in ("epoch", "rank_offset", "world_size")]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            raise PushError("invalid_group", f"epoch, rank_offset, world_size must be integers >= 0: {values}")
+        epoch, offset, world = (int(v) for v in values)  # type: ignore[arg-type]
+        if offset < 1 or world <= offset:
+            raise PushError("invalid_group", f"rank_offset {offset} is not a rank of a group of {world}")
+        self.group = {"epoch": epoch, "rank_offset": offset, "world_size": world}
+        return {"ok": True, "epoch": epoch}
 
     def push_begin(self, kw: dict[str, Any]) -> dict[str, Any]:
         target, revision, epoch = kw.get("target"), kw.get("revision"), kw.get("epoch")

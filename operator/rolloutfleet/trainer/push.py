@@ -72,6 +72,7 @@ from rolloutfleet.trainer.senders import IpcSender, Prepared, Sender
 from rolloutfleet.trainer.sessions import (
     ERROR_ANNOTATION,
     TARGETS,
+    Group,
     Session,
     error,
     error_of,
@@ -79,7 +80,10 @@ from rolloutfleet.trainer.sessions import (
     mark,
     pending,
     push_status,
+    rendezvous,
+    rendezvous_epoch,
     served_epochs,
+    whole_group,
 )
 from rolloutfleet.trainer.wait import FAILED_PHASES, failure_of, phase, ready, rollout_progress
 
@@ -242,7 +246,8 @@ def _check_backend(fleet_obj: dict[str, Any], sender: Sender, namespace: str) ->
         fleet = (fleet_obj.get("metadata") or {}).get("name")
         raise PushUnsupported(
             f"RolloutFleet {namespace}/{fleet} receives pushed weights over {backend}; the {sender.name} sender "
-            f"feeds {', '.join(sorted(sender.backends))} (this client does not drive an NCCL transfer group)"
+            f"feeds {', '.join(sorted(sender.backends))} (this package has no NCCL sender yet: docs/push.md, "
+            '"Transfer group")'
         )
 
 
@@ -271,10 +276,15 @@ class _Handshake:
     sends: int = 0
     _last_line: str = ""
     _error: tuple[str, int, str] | None = None  # (target, epoch, text) of the error annotation we wrote
+    _joined: int | None = None  # NCCL: the group epoch whose rendezvous this trainer published
+    _asked_new: int | None = None  # NCCL: the formed group (of another rank 0) it asked to replace
 
     def run(self, obj: dict[str, Any]) -> dict[str, Any]:
         self.served = served_epochs(obj)  # resume after what an earlier call (or process) handled
         self._error = error_of(obj)  # an earlier call's error, to retire like our own
+        # A rendezvous an earlier trainer process wrote is not this one's: only the sender knows its group.
+        published = rendezvous_epoch(obj)
+        self._joined = published if published is not None and published == self.sender.group_epoch else None
         quiet_since, last_status = time.monotonic(), obj.get("status")
         current: dict[str, Any] | None = obj
         while True:
@@ -289,7 +299,16 @@ class _Handshake:
                     raise PushSendFailed(self.name, self.namespace, self.failures, failure) from failure
                 raise failure
             self._retire_error(current)
-            work = pending(push_status(current), self.served)
+            status = push_status(current)
+            group = status.group if status is not None else None
+            if group is not None and self._joined != group.epoch and self._asked_new != group.epoch:
+                self._join(group)
+                quiet_since, current = time.monotonic(), None
+                continue
+            work = pending(status, self.served)
+            for target in TARGETS:
+                if not whole_group(status, work[target]):
+                    work[target] = []  # NCCL: one broadcast for the whole group, once every member listens
             if any(work.values()):
                 for target in TARGETS:
                     if work[target]:
@@ -333,6 +352,25 @@ class _Handshake:
                 raise RevisionDeleted(self.name, self.namespace)
             return obj
         raise AssertionError("unreachable")
+
+    def _join(self, group: Group) -> None:
+        """NCCL: say the operator may use ``group``: this sender is its rank 0 already, or becomes it (a group
+        nobody joined yet), or, for a group formed around another trainer process, ask for a new one."""
+        if self.sender.group_epoch == group.epoch:
+            self._annotate(rendezvous(group.epoch, self.sender.rendezvous_address()))
+            self._joined = group.epoch
+            self._say("push", f"{self.name}: transfer group {group.epoch}: rank 0 already")
+            return
+        if group.formed:
+            if self._asked_new != group.epoch:
+                self._annotate(rendezvous(None, self.sender.rendezvous_address()))
+                self._asked_new = group.epoch
+                self._say("push", f"{self.name}: transfer group {group.epoch} has another rank 0: asking for a new one")
+            return
+        address = self.sender.join_group(group.epoch, group.world_size)
+        self._annotate(rendezvous(group.epoch, address))
+        self._joined = group.epoch
+        self._say("push", f"{self.name}: transfer group {group.epoch} ({group.world_size} ranks): rank 0 at {address}")
 
     def _retire_error(self, obj: dict[str, Any]) -> None:
         """Remove our error annotation once the sessions it was about are gone (see ``sessions``)."""

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 from rolloutfleet.trainer import digest as tensor_digest
 from rolloutfleet.trainer import tensors as torch_tensors
 from rolloutfleet.trainer.digest import RawTensor
-from rolloutfleet.trainer.errors import InvalidTensors, SendError
+from rolloutfleet.trainer.errors import InvalidTensors, PushUnsupported, SendError
 
 UPDATE_PATH = "/update_weights"
 _BODY_PREVIEW = 600  # bytes of an error answer kept for the message
@@ -86,6 +86,17 @@ class Sender(abc.ABC):
         """Called once every send of ``prepared`` returned: drop what it kept alive."""
         prepared.keepalive.clear()
 
+    group_epoch: int | None = None  # NCCL: the transfer group this sender is rank 0 of
+
+    def join_group(self, epoch: int, world_size: int) -> str:
+        """NCCL: start waiting as rank 0 of a transfer group of ``world_size`` ranks and return the
+        ``host:port`` the engines join at. Senders that cannot drive a NCCL group refuse."""
+        raise PushUnsupported(f"the {self.name} sender cannot join a NCCL transfer group")
+
+    def rendezvous_address(self) -> str:
+        """NCCL: the ``host:port`` where this sender waits as rank 0 (before or after a join)."""
+        raise PushUnsupported(f"the {self.name} sender cannot join a NCCL transfer group")
+
 
 def _metadata(items: Sequence[tuple[str, Any]]) -> dict[str, Any]:
     metas = [tensor_digest.describe(name, value) for name, value in items]
@@ -97,9 +108,24 @@ def _metadata(items: Sequence[tuple[str, Any]]) -> dict[str, Any]:
 
 
 class SimulatedSender(Sender):
-    """For the engine simulator: the raw bytes of every tensor, base64, beside vLLM's metadata."""
+    """For the engine simulator: the raw bytes of every tensor, base64, beside vLLM's metadata.
+
+    For a NCCL fleet it also plays rank 0 of the group: the simulated engines join at once (the simulator
+    opens no socket), so ``join_group`` only names the address (``rendezvous``, loopback by default) and
+    every engine still gets its own copy of the bytes instead of one broadcast.
+    """
 
     name = "simulated"
+
+    def __init__(self, rendezvous: str = "127.0.0.1:29600") -> None:
+        self.rendezvous = rendezvous
+
+    def join_group(self, epoch: int, world_size: int) -> str:
+        self.group_epoch = epoch
+        return self.rendezvous
+
+    def rendezvous_address(self) -> str:
+        return self.rendezvous
 
     def update_info(self, items: Sequence[tuple[str, Any]]) -> tuple[dict[str, Any], list[Any]]:
         payload = []

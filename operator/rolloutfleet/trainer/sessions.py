@@ -33,6 +33,7 @@ PROTOCOL: Final = revision_api.PUSH_PROTOCOL
 TARGETS: Final = ("verifier", "draft")  # the order in which a step serves them
 MARKS: Final = {target: revision_api.pushed_annotation(target) for target in TARGETS}
 ERROR_ANNOTATION: Final = revision_api.PUSH_ERROR_ANNOTATION
+RENDEZVOUS_ANNOTATION: Final = revision_api.RENDEZVOUS_ANNOTATION
 SESSIONS_OPEN: Final = "SessionsOpen"
 ERROR_MAX_CHARS: Final = 1024  # annotations are small; the full list stays in the trainer's exception
 _ERROR_EPOCH = re.compile(r"^(verifier|draft) epoch (\d+):")
@@ -49,12 +50,23 @@ class Session:
 
 
 @dataclasses.dataclass(frozen=True)
+class Group:
+    """NCCL: the transfer group the operator formed (``status.push.group``); the trainer is rank 0."""
+
+    epoch: int
+    world_size: int
+    pods: tuple[str, ...]
+    formed: bool = False  # every engine joined it (with some rank 0: this trainer, or an earlier one)
+
+
+@dataclasses.dataclass(frozen=True)
 class PushStatus:
     """``status.push`` of a WeightRevision, checked; ``open_reason`` is the SessionsOpen condition's reason."""
 
     epoch: int
     sessions: tuple[Session, ...]
     open_reason: str | None = None
+    group: Group | None = None
 
 
 def _int(value: Any) -> int | None:
@@ -101,7 +113,40 @@ def push_status(obj: dict[str, Any]) -> PushStatus | None:
         ),
         None,
     )
-    return PushStatus(epoch, tuple(sorted(sessions)), reason)
+    return PushStatus(epoch, tuple(sorted(sessions)), reason, _group(raw.get("group")))
+
+
+def _group(raw: Any) -> Group | None:
+    if not isinstance(raw, dict):
+        return None
+    epoch, world = _int(raw.get("epoch")), _int(raw.get("worldSize"))
+    ranks = raw.get("ranks")
+    entries: list[Any] = ranks if isinstance(ranks, list) else []
+    pods = tuple(str(r["pod"]) for r in entries if isinstance(r, dict) and isinstance(r.get("pod"), str))
+    if epoch is None or world is None or not pods:
+        return None
+    return Group(epoch, world, pods, raw.get("formed") is True)
+
+
+def rendezvous_epoch(obj: dict[str, Any]) -> int | None:
+    """The group epoch of the rendezvous a trainer published (None: none yet)."""
+    text = str(((obj.get("metadata") or {}).get("annotations") or {}).get(RENDEZVOUS_ANNOTATION) or "")
+    head = text.split("@", 1)[0]
+    return int(head) if "@" in text and head.isdigit() else None
+
+
+def rendezvous(epoch: int | None, address: str) -> dict[str, str | None]:
+    """The annotation that tells the operator where rank 0 waits for group ``epoch`` (None: this trainer is
+    not rank 0 of the formed group shown, it asks for a new one)."""
+    return {RENDEZVOUS_ANNOTATION: f"{'new' if epoch is None else epoch}@{address}"}
+
+
+def whole_group(status: PushStatus | None, sessions: list[Session]) -> bool:
+    """NCCL: one broadcast feeds the whole group, so a target is served only once every member's session
+    is listed (always true without a group)."""
+    if status is None or status.group is None:
+        return True
+    return set(status.group.pods) <= {s.pod for s in sessions}
 
 
 def served_epochs(obj: dict[str, Any]) -> dict[str, int]:

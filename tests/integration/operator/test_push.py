@@ -71,14 +71,20 @@ def trainer_client(k8s_api: client.ApiClient, namespace: str) -> client.ApiClien
 @pytest.fixture
 def weights(tmp_path: pathlib.Path) -> pathlib.Path:
     root = tmp_path / "weights"
-    for rev in range(0, 3):
+    for rev in range(0, 4):
         write_checkpoint(root / "policy" / f"step-{rev}" / "verifier", seed=100 + rev)
         write_checkpoint(root / "policy" / f"step-{rev}" / "draft", seed=200 + rev, tensors=2)
     return root
 
 
 def start_fleet(
-    k8s_api: client.ApiClient, namespace: str, root: pathlib.Path, replicas: int, **strategy: Any
+    k8s_api: client.ApiClient,
+    namespace: str,
+    root: pathlib.Path,
+    replicas: int,
+    *,
+    fleet_extra: dict[str, Any] | None = None,
+    **strategy: Any,
 ) -> FollowerThread:
     weights_volume(k8s_api, namespace)
     follower = FollowerThread(k8s_api, namespace, FLEET)
@@ -88,7 +94,7 @@ def start_fleet(
         verifier={"path": str(root / "policy/step-0/verifier")},
         draft={"method": "draft_model", "path": str(root / "policy/step-0/draft"), "policy": "coUpdate"},
         weights={"claimName": "ckpt", "mountPath": str(root), "allowedRoots": [str(root / "policy")]},
-        weightTransfer={"backend": "ipc"},
+        **{"weightTransfer": {"backend": "ipc"}, **(fleet_extra or {})},
         updateStrategy={"maxRetries": 0, **strategy},
     )
     api = client.CustomObjectsApi(k8s_api)
@@ -112,7 +118,7 @@ def follower_holder() -> Iterator[list[FollowerThread]]:
         follower.stop()
 
 
-def push(trainer: client.ApiClient, namespace: str, root: pathlib.Path, revision: int) -> Any:
+def push(trainer: client.ApiClient, namespace: str, root: pathlib.Path, revision: int, sender: Any = None) -> Any:
     step = root / "policy" / f"step-{revision}"
     return push_revision(
         FLEET,
@@ -120,7 +126,7 @@ def push(trainer: client.ApiClient, namespace: str, root: pathlib.Path, revision
         records(step / "verifier"),
         records(step / "draft"),
         namespace,
-        sender=SimulatedSender(),
+        sender=sender or SimulatedSender(),
         api_client=trainer,
         timeout=180,
         session_timeout=60,
@@ -220,3 +226,51 @@ def test_a_trainer_that_never_sends_then_the_next_push_recovers(
     result = push(trainer_client(k8s_api, namespace), namespace, weights, 2)
     assert result.phase == "Succeeded", result.object.get("status")
     assert get_fleet(api, namespace, FLEET)["status"]["currentRevision"] == 2
+
+
+def test_nccl_push_joins_the_group_at_the_trainers_rendezvous_then_serves_every_pod(
+    operator_process: Any,
+    k8s_api: client.ApiClient,
+    namespace: str,
+    weights: pathlib.Path,
+    follower_holder: list[FollowerThread],
+) -> None:
+    """NCCL (docs/push.md, "Transfer group"): the operator publishes the group (tensor parallel 2 on 4 pods:
+    ranks 1, 3, 5, 7 of 9), the trainer library publishes its rendezvous as rank 0, every engine joins it
+    with its own ranks before any session, and a second push reuses the group (no second join)."""
+    nccl = {"weightTransfer": {"backend": "nccl"}, "tensorParallelSize": 2, "gpusPerPod": 2}
+    follower = start_fleet(k8s_api, namespace, weights, 4, fleet_extra=nccl)
+    follower_holder.append(follower)
+    trainer = trainer_client(k8s_api, namespace)
+    sender = SimulatedSender(rendezvous="127.0.0.1:29611")
+    first = push(trainer, namespace, weights, 1, sender)
+    assert first.phase == "Succeeded", first.object.get("status")
+    group = first.object["status"]["push"]["group"]
+    assert group["worldSize"] == 9
+    annotations = first.object["metadata"]["annotations"]
+    assert annotations["push.rolloutfleet.io/rendezvous"] == f"{group['epoch']}@127.0.0.1:29611"
+    second = push(trainer, namespace, weights, 2, sender)
+    assert second.phase == "Succeeded", second.object.get("status")
+    assert second.object["status"]["push"]["group"] == group
+    offsets = {}
+    for key, log in follower.logs().items():
+        inits = [e for e in ok_calls(log) if e["step"] == "init_weight_transfer_engine"]
+        assert len(inits) == 1, key  # joined once, kept for the second push
+        info = inits[0]["args"]["init_info"]
+        assert (info["master_address"], info["master_port"], info["world_size"]) == ("127.0.0.1", 29611, 9)
+        offsets[key] = info["rank_offset"]
+        calls = session_calls(log)
+        assert calls.count("rolloutfleet_push_begin:verifier") == 2 and calls[-1] == "resume", key
+        first_session = next(i for i, e in enumerate(ok_calls(log)) if e["step"] == "rolloutfleet_push_begin")
+        assert ok_calls(log).index(inits[0]) < first_session, key  # in the group before any session
+    assert sorted(offsets.values()) == [1, 3, 5, 7]
+
+    # A new trainer process (a new sender) is not rank 0 of that group: it asks for a new one, and every
+    # engine joins it at the new rendezvous before the sessions of revision 3.
+    restarted = SimulatedSender(rendezvous="127.0.0.1:29612")
+    third = push(trainer, namespace, weights, 2 + 1, restarted)
+    assert third.phase == "Succeeded", third.object.get("status")
+    assert third.object["status"]["push"]["group"]["epoch"] > group["epoch"]
+    for key, log in follower.logs().items():
+        inits = [e["args"]["init_info"] for e in ok_calls(log) if e["step"] == "init_weight_transfer_engine"]
+        assert [i["master_port"] for i in inits] == [29611, 29612], key

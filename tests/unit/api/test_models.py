@@ -472,14 +472,24 @@ def test_pushed_revision_on_a_transfer_fleet_is_valid() -> None:
         (
             "verifier",
             PUSHED,
-            patched(BASE_FLEET, "weightTransfer", {"backend": "nccl"}),
-            "spec.verifier.push: pushes over NCCL are not supported",
+            patched(patched(BASE_FLEET, "weightTransfer", {"backend": "nccl"}), "updateStrategy.rollout", "Rolling"),
+            "spec.verifier.push: a push over NCCL reaches every engine of the transfer group at once",
         ),
     ],
 )
 def test_bad_push_sources_name_their_field(path: str, value: Any, fleet: dict[str, Any], expected: str) -> None:
     errors = revision_errors(patched(BASE_REV, path, value), fleet)
     assert any(expected in e for e in errors), errors
+
+
+def test_nccl_pushes_need_all_at_once() -> None:
+    # One broadcast from the trainer feeds the whole group: a Rolling wave cannot be fed alone.
+    nccl = patched(BASE_FLEET, "weightTransfer", {"backend": "nccl"})
+    assert revision_errors(patched(BASE_REV, "verifier", PUSHED), nccl) == []
+    rolling = patched(patched(BASE_REV, "verifier", PUSHED), "strategy", {"rollout": "Rolling"})
+    errors = revision_errors(rolling, nccl)
+    assert any(e.startswith("spec.strategy.rollout: a push over NCCL") for e in errors), errors
+    assert revision_errors(patched(BASE_REV, "strategy", {"rollout": "Rolling"}), nccl) == []  # a path update
 
 
 def test_pushed_draft_for_a_fleet_without_a_draft_refused() -> None:

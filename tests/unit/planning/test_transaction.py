@@ -139,6 +139,7 @@ def test_every_action_is_an_action() -> None:
         Step.ENGINE_MISMATCH,
         Step.ENGINE_ERROR,
         Step.AWAIT_PUSH,  # a wait for the trainer, not something the operator does to the engine
+        Step.NO_RENDEZVOUS,  # the trainer never said where to join: a failed attempt
     }
     assert set(Step) - verdicts == ACTIONS
 

@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 
-from rolloutfleet.api.engine import DraftPolicy, EngineState, PushSession, Target, TargetState
+from rolloutfleet.api.engine import DraftPolicy, EngineState, GroupMembership, PushSession, Target, TargetState
 from rolloutfleet.planning.transaction import Goal, PushMarks, Step, next_step
 
 D = "blake3:" + "a" * 64
@@ -189,3 +189,39 @@ def test_path_verifier_with_pushed_draft_mixes_sources() -> None:
     mixed = dataclasses.replace(PUSH, verifier_path="/w/2/v", verifier_pushed=False)
     assert next_step(mixed, engine()).step == Step.LOAD_VERIFIER
     assert next_step(mixed, engine(v=2, vd=DV)).step == Step.OPEN_DRAFT_SESSION
+
+
+# --- NCCL: the transfer group comes before any session (docs/push.md, "Transfer group") ----------------
+
+NCCL = dataclasses.replace(PUSH, push=PushMarks(deadline_s=60.0, group_epoch=4))
+
+
+def in_group(state: EngineState, epoch: int) -> EngineState:
+    return dataclasses.replace(state, group=GroupMembership(epoch=epoch, rank_offset=1, world_size=3))
+
+
+def test_nccl_waits_for_the_trainers_rendezvous_before_joining() -> None:
+    # A session outside the group would wait for a broadcast that cannot reach it: join first, and join
+    # only where the trainer (rank 0) said it waits.
+    assert next_step(NCCL, engine()).step == Step.AWAIT_PUSH
+    with_rendezvous = dataclasses.replace(NCCL, push=dataclasses.replace(NCCL.push, rendezvous="10.0.0.5:29600"))
+    assert next_step(with_rendezvous, engine()).step == Step.JOIN_GROUP
+    # An engine in an older group (a process of a group that lost a member) joins the new one too.
+    assert next_step(with_rendezvous, in_group(engine(), 3)).step == Step.JOIN_GROUP
+    assert next_step(with_rendezvous, in_group(engine(), 4)).step == Step.OPEN_VERIFIER_SESSION
+    # In the group already, but the trainer has not said it is its rank 0 (it may be a new process that
+    # will ask for a new group): no session yet, or it would wait for a broadcast that never comes.
+    assert next_step(NCCL, in_group(engine(), 4)).step == Step.AWAIT_PUSH
+
+
+def test_nccl_a_rendezvous_that_never_comes_is_a_failed_attempt() -> None:
+    expired = dataclasses.replace(NCCL, push=dataclasses.replace(NCCL.push, rendezvous_expired=True))
+    assert next_step(expired, engine()).step == Step.NO_RENDEZVOUS
+    assert next_step(expired, in_group(engine(), 4)).step == Step.NO_RENDEZVOUS
+
+
+def test_nccl_the_draft_session_also_needs_the_group() -> None:
+    verified = engine(v=2, vd=DV)
+    ready = dataclasses.replace(NCCL, push=dataclasses.replace(NCCL.push, rendezvous="10.0.0.5:29600"))
+    assert next_step(ready, in_group(verified, 4)).step == Step.OPEN_DRAFT_SESSION
+    assert next_step(ready, verified).step == Step.JOIN_GROUP

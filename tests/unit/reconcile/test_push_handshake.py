@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from rolloutfleet.api import validation
-from rolloutfleet.api.engine import EngineState, PushSession, Target
+from rolloutfleet.api.engine import EngineState, GroupMembership, PushSession, Target
 from rolloutfleet.api.revision import WeightRevisionStatus
 from rolloutfleet.planning import revisions
 from rolloutfleet.reconcile import push
@@ -82,3 +82,91 @@ def test_no_session_is_opened_for_a_rollback_or_a_catch_up() -> None:
     # Only an active revision has a trainer sending; a rollback's or a served revision's goal has none.
     assert not push.marks(_fleet(), _revision({}), rolling_back=True).can_open
     assert not push.marks(_fleet(), None, rolling_back=False).can_open
+
+
+# --- NCCL transfer groups ------------------------------------------------------------------------------
+
+
+def _nccl_spec(**extra: Any) -> Any:
+    body = {
+        "image": "vllm:x",
+        "verifier": {"path": "/w/v"},
+        "weights": {"claimName": "c", "mountPath": "/w", "allowedRoots": ["/w"]},
+        "weightTransfer": {"backend": "nccl"},
+        **extra,
+    }
+    spec, errors = validation.parse_fleet_spec(body)
+    assert spec is not None, errors
+    return spec
+
+
+def _joined(epoch: int | None, offset: int = 1, world: int = 3) -> EngineState:
+    group = None if epoch is None else GroupMembership(epoch=epoch, rank_offset=offset, world_size=world)
+    return EngineState(reachable=True, group=group)
+
+
+def test_group_ranks_follow_pod_order_and_each_engines_workers() -> None:
+    # vLLM: worker rank = rank_offset + its rank within the engine (tensor x pipeline parallel); the
+    # trainer is rank 0, so engine i starts after every worker of the engines before it.
+    spec = _nccl_spec(tensorParallelSize=2, gpusPerPod=4, extraArgs=["--pipeline-parallel-size", "2"])
+    assert push.engine_workers(spec) == 4
+    group = push.transfer_group(spec, ["p-0", "p-1"], None, {})
+    assert group is not None and group.epoch == 1 and group.world_size == 9
+    assert [(r.pod, r.rank_offset, r.world_size) for r in group.ranks] == [("p-0", 1, 4), ("p-1", 5, 4)]
+    assert push.transfer_group(_nccl_spec(weightTransfer={"backend": "ipc"}), ["p-0"], None, {}) is None
+
+
+def test_a_group_is_kept_while_nobody_left_it_and_replaced_once_someone_did() -> None:
+    spec = _nccl_spec()  # tensor parallel 1: pods a, b are ranks 1 and 2 of 3
+    recorded = push.transfer_group(spec, ["a", "b"], None, {})
+    assert recorded is not None and not recorded.formed
+    # While forming (nobody joined yet): this revision's group, whose rendezvous the trainer may have set.
+    assert push.transfer_group(spec, ["a", "b"], recorded, {"a": _joined(None), "b": _joined(None)}) == recorded
+    # Every engine reports it with its own ranks: formed, and kept for later revisions (no record needed).
+    both = {"a": _joined(1, 1), "b": _joined(1, 2)}
+    kept = push.transfer_group(spec, ["a", "b"], None, both)
+    assert kept is not None and (kept.epoch, kept.formed) == (1, True)
+    # One process is new (it joined nothing): NCCL cannot take it back into the old group.
+    after = push.transfer_group(spec, ["a", "b"], recorded, {"a": _joined(1, 1), "b": _joined(None)})
+    assert after is not None and after.epoch == 2 and not after.formed
+    # A trainer that is not rank 0 of the formed group (a new process) asks for a new one.
+    fresh = push.transfer_group(spec, ["a", "b"], None, both, new_requested=True)
+    assert fresh is not None and fresh.epoch == 2 and not fresh.formed
+    # ... and keeps it while it forms, though the old one is still what the engines report.
+    assert push.transfer_group(spec, ["a", "b"], fresh, both, new_requested=True) == fresh
+    # ... and once the trainer joined it (its rendezvous replaced the request), until the engines did too.
+    assert push.transfer_group(spec, ["a", "b"], fresh, both) == fresh
+    # Other pods: other ranks, a new group above every epoch seen.
+    scaled = push.transfer_group(spec, ["a", "b", "c"], recorded, {"a": _joined(6, 1)})
+    assert scaled is not None and scaled.epoch == 7 and scaled.world_size == 4
+
+
+def test_the_rendezvous_applies_to_its_own_group_only() -> None:
+    assert push.rendezvous_for("3@trainer-0.rl.svc:29600", 3) == "trainer-0.rl.svc:29600"
+    assert push.rendezvous_for("3@[fd00::1]:29600", 3) == "[fd00::1]:29600"
+    assert push.rendezvous_for("2@trainer:29600", 3) is None  # the previous group's
+    assert push.rendezvous_for("3@trainer:99999", 3) is None
+    assert push.rendezvous_for("trainer:29600", 3) is None
+    assert push.rendezvous_for(None, 3) is None
+    assert push.rendezvous_for("new@trainer:29600", 3) is None  # a request for a new group, not a rendezvous
+
+
+def test_init_info_names_the_rendezvous_the_group_size_and_the_pods_first_rank() -> None:
+    spec = _nccl_spec(tensorParallelSize=2, gpusPerPod=2)
+    group = push.transfer_group(spec, ["a", "b"], None, {})
+    assert push.init_info(spec, group, "trainer:29600", "b") == {
+        "master_address": "trainer",
+        "master_port": 29600,
+        "rank_offset": 3,
+        "world_size": 5,
+    }
+    assert push.init_info(spec, group, None, "b") is None  # no rendezvous yet: nothing to join
+    assert push.init_info(spec, group, "trainer:29600", "z") is None  # not a member
+    packed = _nccl_spec(weightTransfer={"backend": "nccl", "nccl": {"packed": True}})
+    assert push.init_info(packed, push.transfer_group(packed, ["a"], None, {}), "[fd00::1]:1", "a") == {
+        "master_address": "fd00::1",
+        "master_port": 1,
+        "rank_offset": 1,
+        "world_size": 2,
+        "packed": True,
+    }

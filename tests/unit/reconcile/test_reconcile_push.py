@@ -23,6 +23,7 @@ from safetensors.numpy import load_file
 from rolloutfleet.adapters.engine import EnginePool
 from rolloutfleet.adapters.engine_policy import EngineTimeouts, RetryPolicy
 from rolloutfleet.api import common
+from rolloutfleet.api.revision import RENDEZVOUS_ANNOTATION as RENDEZVOUS
 from rolloutfleet.digest import digest_directory
 from rolloutfleet.reconcile import revision as revision_reconcile
 from rolloutfleet.sim.config import FaultKind, FaultRule
@@ -382,3 +383,131 @@ async def test_an_epoch_is_never_published_before_every_session_of_it_was_read_b
         partial = [snap for snap in seen if any(len(pods) != 3 for pods in snap.values())]
         assert not partial, partial[:3]
         assert any(snap for snap in seen), "the sessions were never published"
+
+
+NCCL_FLEET = {"weightTransfer": {"backend": "nccl"}, "tensorParallelSize": 2, "gpusPerPod": 2}
+
+
+def rendezvous(h: Harness, name: str, value: str) -> None:
+    body = h.kube.peek(common.API_VERSION, "WeightRevision", h.namespace, name)
+    assert body is not None
+    body["metadata"]["annotations"] = {**(body["metadata"].get("annotations") or {}), RENDEZVOUS: value}
+    h.kube.apply_user(body)
+
+
+def init_calls(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in ok_calls(log) if call_name(e) == "init_weight_transfer_engine"]
+
+
+async def test_nccl_push_forms_the_group_before_any_session_and_keeps_it(tmp_path: pathlib.Path) -> None:
+    """NCCL (docs/push.md, "Transfer group"): one broadcast from the trainer (rank 0) feeds every engine, so
+    no session opens before the engines joined the group the operator published, at the trainer's
+    rendezvous, each with its own ranks (tensor parallel 2: engines at ranks 1, 3, 5 of 7). A second push
+    to the same pods reuses the group: vLLM's init is a collective that every rank must enter together,
+    and re-running it on a formed group is neither needed nor safe."""
+    async with harness(tmp_path, replicas=3, mode="inflight", fleet_extra=NCCL_FLEET) as h:
+        pushed_revision(h, "step-1", 1)
+        await h.run_pass()
+        status = h.revision_status("step-1")
+        group = status["push"]["group"]
+        assert group["worldSize"] == 7 and group["epoch"] >= 1
+        assert [(r["pod"], r["rankOffset"], r["worldSize"]) for r in group["ranks"]] == [
+            ("policy-0", 1, 2),
+            ("policy-1", 3, 2),
+            ("policy-2", 5, 2),
+        ]
+        # Paused, waiting for the rendezvous: nothing joined, no session open.
+        assert not status["push"]["sessions"]
+        assert all(not init_calls(h.engine_log(p)) and h.served(p).paused for p in h.pods)
+
+        rendezvous(h, "step-1", f"{group['epoch']}@127.0.0.1:29700")
+        await h.run_pass()
+        for pod, offset in zip(h.pods, (1, 3, 5), strict=True):
+            (init,) = init_calls(h.engine_log(pod))
+            assert init["args"]["init_info"] == {
+                "master_address": "127.0.0.1",
+                "master_port": 29700,
+                "rank_offset": offset,
+                "world_size": 7,
+            }, pod
+        trainer = Trainer(h, "step-1", 1)
+        assert await trainer.send("verifier") == 3
+        await h.run_pass()
+        assert await trainer.send("draft") == 3
+        await h.settle()
+        assert h.revision_status("step-1")["phase"] == "Succeeded"
+        assert all(h.served(p) == (1, 1, False) for p in h.pods)
+
+        pushed_revision(h, "step-2", 2)
+        await h.run_pass()
+        again = h.revision_status("step-2")["push"]
+        # The same pods, all still in it: the same group, formed. No session before the trainer says it is
+        # its rank 0 (a new trainer process would ask for a new group instead).
+        assert again["group"] == {**group, "formed": True} and not again["sessions"]
+        rendezvous(h, "step-2", f"{group['epoch']}@127.0.0.1:29700")
+        await h.run_pass()
+        trainer = Trainer(h, "step-2", 2)
+        assert await trainer.send("verifier") == 3
+        await h.run_pass()
+        assert await trainer.send("draft") == 3
+        await h.settle()
+        assert h.revision_status("step-2")["phase"] == "Succeeded"
+        assert all(len(init_calls(h.engine_log(p))) == 1 for p in h.pods)
+
+
+async def test_nccl_a_restarted_engine_makes_every_engine_join_a_new_group(tmp_path: pathlib.Path) -> None:
+    """A NCCL group cannot take a member back: once one engine process is new (it joined nothing), every
+    engine joins a new group (a higher epoch) at the trainer's new rendezvous before the next session."""
+    async with harness(tmp_path, replicas=2, mode="inflight", fleet_extra=NCCL_FLEET) as h:
+        pushed_revision(h, "step-1", 1)
+        await h.run_pass()
+        first = h.revision_status("step-1")["push"]["group"]
+        rendezvous(h, "step-1", f"{first['epoch']}@127.0.0.1:29700")
+        trainer = Trainer(h, "step-1", 1)
+        await h.run_pass()
+        await trainer.send("verifier")
+        await h.run_pass()
+        await trainer.send("draft")
+        await h.settle()
+        assert h.revision_status("step-1")["phase"] == "Succeeded"
+
+        await h.engine(h.pods[1]).restart()  # a new process: no group, initial weights
+        pushed_revision(h, "step-2", 2)
+        await h.run_pass()
+        second = h.revision_status("step-2")["push"]["group"]
+        assert second["epoch"] > first["epoch"]
+        assert not h.revision_status("step-2")["push"]["sessions"]  # nobody opens before the new group
+        rendezvous(h, "step-2", f"{first['epoch']}@127.0.0.1:29700")  # a stale rendezvous is not taken
+        await h.run_pass()
+        assert all(len(init_calls(h.engine_log(p))) <= 1 for p in h.pods)
+        rendezvous(h, "step-2", f"{second['epoch']}@127.0.0.1:29701")
+        trainer = Trainer(h, "step-2", 2)
+        await h.run_pass()
+        assert [init_calls(h.engine_log(p))[-1]["args"]["init_info"]["master_port"] for p in h.pods] == [29701] * 2
+        await trainer.send("verifier")
+        await h.run_pass()
+        await trainer.send("draft")
+        await h.settle()
+        assert h.revision_status("step-2")["phase"] == "Succeeded"
+
+
+async def test_nccl_without_a_rendezvous_the_push_fails_at_its_deadline(tmp_path: pathlib.Path) -> None:
+    """A trainer that never says where to join leaves pods paused for nothing: after pushSeconds the
+    attempt fails (NoRendezvous) and, with no retries left, the revision rolls back by path."""
+    async with harness(
+        tmp_path,
+        replicas=2,
+        mode="inflight",
+        fleet_extra=NCCL_FLEET,
+        max_retries=0,
+        timeouts={"wakeSeconds": 30, "loadSeconds": 30, "pushSeconds": 1},
+    ) as h:
+        pushed_revision(h, "step-1", 1)
+        await h.run_pass()
+        await asyncio.sleep(1.1)  # pushSeconds, waiting for a rendezvous that does not come
+        await h.settle(require_idle=False, max_passes=30)
+        status = h.revision_status("step-1")
+        assert status["phase"] == "RolledBack", status
+        assert "NoRendezvous" in str(status.get("message")), status
+        assert all(not init_calls(h.engine_log(p)) for p in h.pods)
+        assert all(not h.served(p).paused for p in h.pods)

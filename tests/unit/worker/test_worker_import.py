@@ -48,4 +48,5 @@ def test_extension_adds_only_prefixed_names() -> None:
         "rolloutfleet_preflight",
         "rolloutfleet_push_begin",
         "rolloutfleet_push_end",
+        "rolloutfleet_push_group",
     }

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from worker_fakes import PushWorker, WorkerV1, write_eagle, write_verifier
 
 from rolloutfleet.adapters import engine_wire
-from rolloutfleet.api.engine import Target
+from rolloutfleet.api.engine import GroupMembership, Target
 from rolloutfleet_worker import digest, models, transfer
 
 pytestmark = pytest.mark.unit
@@ -570,3 +570,19 @@ def test_the_engine_spells_dtypes_as_the_trainer_and_the_files_do() -> None:
     engine = {str(dt).removeprefix("torch."): st for dt, st in transfer.SAFETENSORS_NAMES.items()}
     assert engine == trainer_tensors.SAFETENSORS_DTYPES
     assert {st: name for name, st in engine.items()} == loader_base.TORCH_DTYPE_NAMES
+
+
+def test_the_group_joined_is_recorded_reported_and_read_by_the_operator() -> None:
+    """NCCL: the operator records the group once vLLM's init returned; the state reports it (the operator's
+    own parser reads it back) and a new process reports none, which is how a lost member is seen."""
+    w = PushWorker(draft="draft_model")
+    assert w.rolloutfleet_state()["group"] is None
+    assert w.rolloutfleet_push_group(4, 3, 7) == {"ok": True, "epoch": 4}
+    states = engine_wire.states_from_wire([w.rolloutfleet_state()], url="http://engine")
+    engine = engine_wire.state_from_wire(paused=True, sleeping=True, weight_version=None, states=states)
+    assert engine.group == GroupMembership(epoch=4, rank_offset=3, world_size=7)
+    for bad in ((4, 0, 7), (4, 7, 7), (-1, 1, 2), (True, 1, 2)):
+        refused = w.rolloutfleet_push_group(*bad)
+        assert refused["ok"] is False and refused["error"]["code"] == "invalid_group", bad
+    assert w.rolloutfleet_state()["group"] == {"epoch": 4, "rank_offset": 3, "world_size": 7}  # unchanged
+    assert PushWorker(draft="draft_model").rolloutfleet_state()["group"] is None
