@@ -301,11 +301,13 @@ class RolloutPass:
         await writes.patch_fleet(self.ctx, self.fleet_body, {"targetRevision": self.goal.revision if moving else None})
 
     async def _drain(self) -> None:
-        """Let the steps still running finish (a step is never abandoned half way by the pass)."""
+        """Let the steps still running finish (a step is never abandoned half way by the pass), showing in
+        the fleet's status what each one did as it ends: one slow step must not hold back the others'."""
         while self.inflight:
-            pod, task = next(iter(self.inflight.items()))
-            await task
-            del self.inflight[pod]
+            await asyncio.wait(self.inflight.values(), return_when=asyncio.FIRST_COMPLETED)
+            for pod in [p for p, task in self.inflight.items() if task.done()]:
+                self.inflight.pop(pod).result()  # _step handles step errors; anything else is a bug: raise
+            self._schedule_fleet_status()
 
     async def _observe(self) -> set[str]:
         """Read the engines whose state is not known from an acknowledgement; decide every pod's step.

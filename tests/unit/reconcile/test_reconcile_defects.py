@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import re
+from typing import Any
 
 import pytest
 from kube_fakes import FakeCall
 from reconcile_fakes import WRONG_DIGEST, condition, harness, pauses, stamped
 
+from rolloutfleet.reconcile import revision as revision_reconcile
 from rolloutfleet.sim.config import FaultKind, FaultRule
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]  # a hang fails, never blocks the run
@@ -239,3 +241,50 @@ async def test_a_recreated_pod_is_not_reported_with_its_predecessor_s_revision(t
         pods = {p["name"]: p for p in h.fleet_status()["pods"]}
         assert pods["policy-0"].get("revision") == 1
         assert pods["policy-1"].get("revision") is None, pods["policy-1"]
+
+
+async def test_the_fleet_status_follows_steps_that_finish_while_an_interrupted_pass_drains(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Found by the soak (bench/results/soak.md, 2026-12-01 20:11 run: all 32 pods reported r115 for 5 s
+    after their level-2 sleep dropped it). A pass that is interrupted (a newer revision, a label write)
+    lets its running steps finish before it ends; one slow step (there: a load slowed 7.6 s) must not
+    hold back what the others did meanwhile. status.pods says what each engine holds.
+    """
+    async with harness(tmp_path, replicas=3, mode="sleep") as h:
+        _slow, late, trigger = h.pods
+        gates = {p: asyncio.Event() for p in h.pods}
+        arrived = {p: asyncio.Event() for p in h.pods}
+        for pod in h.pods:
+            core = h.engine(pod).core
+            original = core.rpc
+
+            async def held(method: str, kwargs: dict[str, Any], _p: str = pod, _o: Any = original, **kw: Any) -> Any:
+                if method == "rolloutfleet_load":
+                    arrived[_p].set()
+                    await gates[_p].wait()
+                return await _o(method, kwargs, **kw)
+
+            core.rpc = held  # type: ignore[method-assign]
+        h.apply_revision("step-1", 1)
+        interrupted = asyncio.Event()
+        task = asyncio.create_task(
+            revision_reconcile.reconcile_revisions(h.ctx, h.namespace, h.fleet, h.memory, interrupted.is_set)
+        )
+        try:
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in arrived.values())), 10)
+            interrupted.set()  # a newer revision, a stop: once a step ends, the pass only drains
+            gates[trigger].set()
+            await asyncio.sleep(1.5)  # past the status write that the trigger's finished step scheduled
+            gates[late].set()  # finishes during the drain; the slow pod's load still runs
+            for _ in range(300):  # status is written at most once a second during a pass
+                pods = {p["name"]: p for p in h.fleet_status().get("pods") or []}
+                if pods.get(late, {}).get("revision") == 1:
+                    break
+                await asyncio.sleep(0.01)
+            assert pods[late].get("revision") == 1, pods
+            assert not task.done()  # still draining the slow pod's load
+        finally:
+            for gate in gates.values():
+                gate.set()
+            await task
