@@ -17,6 +17,7 @@ from rolloutfleet.adapters.kube import Kube, KubeError
 from rolloutfleet.api import common
 from rolloutfleet.metrics import Metrics
 from rolloutfleet.reconcile import fleet as fleet_reconcile
+from rolloutfleet.reconcile import push as push_marks
 from rolloutfleet.reconcile import revision as revision_reconcile
 from rolloutfleet.reconcile import revision_loop as fleet_passes
 from rolloutfleet.reconcile.context import OperatorContext
@@ -146,6 +147,7 @@ async def revision_loop(
     ctx: OperatorContext = memo.ctx
     assert namespace is not None  # RolloutFleet is namespaced
     memory = ctx.memory(namespace, name)
+    memory.marks_delivered = True  # revision_changed hands the trainer's marks to the running pass
     try:
         await fleet_passes.run(ctx, namespace, name, memory, _KopfStop(stopped), logger, idle_seconds=IDLE_SECONDS)
     finally:  # also on cancellation: close the engines' connection pool
@@ -171,11 +173,19 @@ class _KopfStop:
         await self._stopped.wait()
 
 
-def _kick(memo: kopf.Memo, namespace: str | None, spec: Any) -> None:
+def _kick(memo: kopf.Memo, namespace: str | None, spec: Any, *, marks_of: Any = None, diff: Any = None) -> None:
+    """Wake the fleet's loop; a change of the trainer's marks alone (``marks_of``: the revision's body)
+    is handed to the running pass instead of ending it."""
     fleet = (spec or {}).get("fleetRef", {}).get("name")
     ctx: OperatorContext | None = getattr(memo, "ctx", None)
-    if ctx is not None and fleet and namespace:
-        ctx.memory(namespace, fleet).kick.set()
+    if ctx is None or not fleet or not namespace:
+        return
+    memory = ctx.memory(namespace, fleet)
+    if marks_of is not None and diff is not None and push_marks.marks_only(diff):
+        meta = marks_of.get("metadata") or {}
+        memory.kick_marks(str(meta.get("name")), push_marks.mark_annotations(meta.get("annotations") or {}))
+    else:
+        memory.kick_all()
 
 
 # No timer or daemon on WeightRevisions: kopf puts a finalizer on every object a timer or daemon runs for,
@@ -183,10 +193,12 @@ def _kick(memo: kopf.Memo, namespace: str | None, spec: Any) -> None:
 @kopf.on.create(GROUP, VERSION, REVISIONS)
 @kopf.on.update(GROUP, VERSION, REVISIONS)
 @kopf.on.resume(GROUP, VERSION, REVISIONS)
-async def revision_changed(memo: kopf.Memo, namespace: str | None, spec: kopf.Spec, body: kopf.Body, **_: Any) -> None:
+async def revision_changed(
+    memo: kopf.Memo, namespace: str | None, spec: kopf.Spec, body: kopf.Body, diff: kopf.Diff, **_: Any
+) -> None:
     """A revision appeared or changed: wake its fleet's loop (which validates and rolls it), or report
     Pending/FleetNotFound when the fleet does not exist (yet)."""
-    _kick(memo, namespace, _plain(spec))
+    _kick(memo, namespace, _plain(spec), marks_of=_plain(body), diff=diff)
     ctx: OperatorContext = memo.ctx
     try:
         await revision_reconcile.report_orphan(ctx, _plain(body))

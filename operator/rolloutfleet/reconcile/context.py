@@ -37,6 +37,29 @@ class FleetMemory:
     revision_labels: set[str] = dataclasses.field(default_factory=set)  # pods_at_revision label values set
     pool: EnginePool | None = None
     kick: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    # The trainer's marks (push.rolloutfleet.io/<target>, error) delivered by the watch, per revision: a
+    # kick that carries only these lets a pass waiting on the trainer go on without a new pass (no re-list
+    # of the pods, no re-read of every engine). ``marks_delivered``: the watch delivers them (the operator
+    # process; not the unit harness, whose passes end when they wait).
+    marks: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    marks_only: bool = False
+    marks_delivered: bool = False
+
+    def kick_all(self) -> None:
+        """Something else than the trainer's marks changed: the running pass ends, a new one starts."""
+        self.marks_only = False
+        self.kick.set()
+
+    def kick_marks(self, revision: str, annotations: dict[str, str]) -> None:
+        """Only the trainer's marks on ``revision`` changed (``annotations``: its push annotations now)."""
+        self.marks[revision] = annotations
+        if not self.kick.is_set():
+            self.marks_only = True
+        self.kick.set()
+
+    def clear_kick(self) -> None:
+        self.kick.clear()
+        self.marks_only = False
 
     def retain(self, key: str, pods: set[str]) -> None:
         """Forget what belongs to other revisions than ``key`` and to pods that are gone.
@@ -53,6 +76,7 @@ class FleetMemory:
         self.engine_view = {k: v for k, v in self.engine_view.items() if k in pods}
         self.engine_view_uids = {k: v for k, v in self.engine_view_uids.items() if k in pods}
         self.steps = {k: v for k, v in self.steps.items() if k in pods}
+        self.marks = {k: v for k, v in self.marks.items() if k == key}
 
     def remember(self, states: dict[str, EngineState], uids: dict[str, str]) -> None:
         """The last engine observations, for the fleet status, each tied to the pod uid it was read through."""

@@ -177,6 +177,44 @@ def transfer_group(
     return PushGroupStatus(epoch=epoch, world_size=offset, ranks=ranks)
 
 
+MARK_KEYS = frozenset({pushed_annotation("verifier"), pushed_annotation("draft"), PUSH_ERROR_ANNOTATION})
+
+
+def marks_only(diff: Iterable[Any]) -> bool:
+    """A watch event's diff (kopf's ``(op, field, old, new)`` items) changes only the trainer's marks
+    (``MARK_KEYS``): a pass waiting on the trainer can take them without ending (``FleetMemory.kick_marks``).
+    A rendezvous is not a mark: a new group is chosen at the start of a pass."""
+    items = list(diff)
+    if not items:
+        return False
+    for item in items:
+        field, old, new = tuple(item[1]), item[2], item[3]
+        if field[:2] != ("metadata", "annotations"):
+            return False
+        if len(field) >= 3:
+            if field[2] not in MARK_KEYS:
+                return False
+            continue
+        before, after = (v if isinstance(v, Mapping) else {} for v in (old, new))
+        changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
+        if not changed <= MARK_KEYS:
+            return False
+    return True
+
+
+def mark_annotations(annotations: Mapping[str, Any]) -> dict[str, str]:
+    """The trainer's marks among a revision's annotations."""
+    return {k: str(v) for k, v in annotations.items() if k in MARK_KEYS}
+
+
+def with_marks(body: Manifest, marks: Mapping[str, str]) -> Manifest:
+    """``body`` with its marks replaced by ``marks`` (the watch's newest), other annotations kept."""
+    meta = dict(body.get("metadata") or {})
+    kept = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in MARK_KEYS}
+    meta["annotations"] = {**kept, **marks}
+    return {**body, "metadata": meta}
+
+
 def recorded_epoch(rev: revisions.Revision | None) -> int:
     """The newest epoch the status records (0: none)."""
     if rev is None or rev.status.push is None:

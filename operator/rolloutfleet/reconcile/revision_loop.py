@@ -50,10 +50,11 @@ async def run(
 
     def interrupted() -> bool:
         # A newer revision (a kick) or a stop: the pass starts no new step, lets the running ones finish.
-        return memory.kick.is_set() or stop.stopping()
+        # The trainer's marks alone do not end a pass: it reads them itself (``RolloutPass._take_marks``).
+        return (memory.kick.is_set() and not memory.marks_only) or stop.stopping()
 
     while not stop.stopping():
-        memory.kick.clear()
+        memory.clear_kick()
         task = asyncio.create_task(revision.reconcile_revisions(ctx, namespace, name, memory, interrupted))
         stopped = asyncio.create_task(stop.wait())
         try:

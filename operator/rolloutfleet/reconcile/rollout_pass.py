@@ -39,6 +39,7 @@ Manifest = dict[str, Any]
 log = logging.getLogger(__name__)
 STATUS_WRITE_INTERVAL = 0.5
 ADMIT_RETRY_SECONDS = 0.5  # between admits of a pod that is done but was refused admission
+MARKS_WAIT_SECONDS = 1.0  # a pass waits this long for the trainer's mark before reading the engines again
 # The fleet's per-pod status is rewritten at most this often during a pass: a long pass (slow loads,
 # retries) would otherwise leave status.pods behind the engines until it ended (the soak measured 3 s+).
 FLEET_STATUS_INTERVAL = 1.0
@@ -215,6 +216,7 @@ class RolloutPass:
         """
         while True:
             self.timing["iterations"] += 1
+            self._take_marks()
             mark = time.monotonic()
             read = await self._observe()
             self.timing["observe"] += time.monotonic() - mark
@@ -277,7 +279,12 @@ class RolloutPass:
                 if unread:
                     continue
                 await self._write_status(force=True)
-                return PassOutcome(again=False, idle=False)
+                waited = await self._wait_for_marks()
+                if waited is None:
+                    return PassOutcome(again=False, idle=False)
+                if waited:
+                    continue  # the trainer marked: go on from what is known, without a new pass
+                return PassOutcome(again=True, idle=False)  # read the engines again now (session ages)
             mark = time.monotonic()
             await asyncio.wait(self.inflight.values(), return_when=asyncio.FIRST_COMPLETED)
             for pod in [p for p, task in self.inflight.items() if task.done()]:
@@ -291,6 +298,46 @@ class RolloutPass:
                 await self._drain()
                 await self._write_status(force=True)
                 return PassOutcome(again=True, idle=False)
+
+    async def _wait_for_marks(self) -> bool | None:
+        """Sessions wait for the trainer and nothing else is to do: wait here for its mark, which the
+        watch hands over (``FleetMemory.kick_marks``), instead of ending the pass and reading the fleet
+        again. True: marks came; False: not within ``MARKS_WAIT_SECONDS``, or another change ended the
+        wait; None: this pass does not wait for marks."""
+        if not (self.memory.marks_delivered and self.goal.pushed and self.rev is not None):
+            return None
+        if not any(
+            self.decisions.get(p, Decision(Step.PAUSE)).step == Step.AWAIT_PUSH
+            and (state := self.states.get(p)) is not None
+            and state.session is not None
+            for p in self.order
+        ):
+            return None
+        self._schedule_fleet_status()
+        try:
+            await asyncio.wait_for(self.memory.kick.wait(), MARKS_WAIT_SECONDS)
+        except TimeoutError:
+            return False
+        return self.memory.marks_only
+
+    def _take_marks(self) -> None:
+        """Apply the trainer's marks the watch delivered for this revision (a marks-only kick)."""
+        if not (self.memory.kick.is_set() and self.memory.marks_only) or self.rev is None:
+            return
+        marks = self.memory.marks.get(self.rev.name)
+        self.memory.clear_kick()
+        if marks is None or self.sel.goal is None:
+            return
+        self.rev.body = push.with_marks(self.rev.body, marks)
+        self.goal = push.goal_with_marks(
+            self.sel.goal,
+            self.spec,
+            self.rev,
+            rolling_back=self.sel.rolling_back,
+            group=self.group,
+            rendezvous_expired=self.goal.push.rendezvous_expired,
+        )
+        self.changed |= set(self.order)
 
     async def _announce_target(self) -> None:
         """Without an active revision, ``targetRevision`` says whether pods are moving to what is served
