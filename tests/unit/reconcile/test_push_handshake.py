@@ -170,3 +170,22 @@ def test_init_info_names_the_rendezvous_the_group_size_and_the_pods_first_rank()
         "world_size": 2,
         "packed": True,
     }
+
+
+def test_only_the_trainers_marks_are_handed_to_a_running_pass() -> None:
+    # kopf's diff items: (op, field, old, new). A mark, an error or their removal: marks only. Anything
+    # else (a spec edit, a label, the rendezvous, which chooses a group at a pass's start) ends the pass.
+    verifier, error = "push.rolloutfleet.io/verifier", "push.rolloutfleet.io/error"
+    assert push.marks_only([("add", ("metadata", "annotations", verifier), None, "3")])
+    assert push.marks_only([("remove", ("metadata", "annotations", error), "x", None)])
+    assert push.marks_only([("add", ("metadata", "annotations"), None, {verifier: "3"})])
+    assert not push.marks_only([])
+    assert not push.marks_only([("change", ("spec", "revision"), 1, 2)])
+    assert not push.marks_only([("add", ("metadata", "labels", "x"), None, "y")])
+    assert not push.marks_only([("add", ("metadata", "annotations", "push.rolloutfleet.io/rendezvous"), None, "1@h:1")])
+    assert not push.marks_only([("add", ("metadata", "annotations"), None, {verifier: "3", "other": "y"})])
+    body = {"metadata": {"name": "r", "annotations": {verifier: "1", "note": "kept"}}}
+    assert push.with_marks(body, {"push.rolloutfleet.io/draft": "2"})["metadata"]["annotations"] == {
+        "note": "kept",
+        "push.rolloutfleet.io/draft": "2",
+    }
