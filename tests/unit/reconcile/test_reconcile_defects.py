@@ -288,3 +288,24 @@ async def test_the_fleet_status_follows_steps_that_finish_while_an_interrupted_p
             for gate in gates.values():
                 gate.set()
             await task
+
+
+async def test_one_failed_read_costs_one_attempt_however_often_the_pod_is_decided_again(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Pins the retry accounting behind the soak's one RollbackFailed (bench/results/soak.md: step-147's
+    rollback met three consecutive injected 500s on one pod with maxRetries 2, so it failed by budget, and
+    the fleet's catch-up pass then brought every pod back to the served revision).
+    maxRetries counts failed attempts: a pod whose read failed keeps that observation until it is read
+    again, and pods are decided again whenever the goal's reference digests move (other pods load). One
+    transient error must cost exactly one attempt, so with maxRetries 1 the revision still succeeds.
+    """
+    async with harness(tmp_path, replicas=3, max_retries=1) as h:
+        flaky = h.pods[2]
+        h.engine(flaky).add_fault(FaultRule(step="is_paused", kind=FaultKind.HTTP_ERROR, status=500))
+        h.apply_revision("step-1", 1, digest=False)  # no pins: the reference digests come from the pods
+        await h.settle()
+
+        status = h.revision_status("step-1")
+        assert status["phase"] == "Succeeded", status.get("message")
+        assert all(h.served(p) == (1, 1, False) for p in h.pods)
