@@ -19,6 +19,16 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# The demo serves simulated engines: the package alone, no worker extra (torch with its CUDA wheels is
+# gigabytes), unless the full install is already there. tests/integration/test_demo.py runs it without torch.
+DEMO_STAMP := $(VENV)/.installed-demo-$(shell cat pyproject.toml constraints.txt 2>/dev/null | cksum | cut -d' ' -f1)
+$(DEMO_STAMP): pyproject.toml constraints.txt
+	@echo "==> installing rolloutfleet (no extras: the demo needs no torch) into $(VENV)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PIP) install -q --upgrade pip
+	@$(PIP) install -q -c constraints.txt -e .
+	@touch $@
+
 # The local control plane (kube-apiserver, controller-manager, scheduler, etcd, kwok, kubectl, helm),
 # built from Go modules and cached in ~/.cache/rolloutfleet (cold: ~20 min on 2 cores; warm: seconds).
 binaries: install
@@ -50,7 +60,9 @@ test-integration: binaries
 test: binaries lint
 	$(call run_pytest,)
 
-demo: binaries
+# The demo builds (or reuses) only what its cluster runs: etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler and kwok (not kubectl or helm).
+demo: $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
 	@$(VENV)/bin/rolloutfleet sandbox demo
 
 clean:

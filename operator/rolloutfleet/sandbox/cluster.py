@@ -174,7 +174,8 @@ class Cluster:
         argv = processes.cmdline(os.getpid())
         self.adopt(name, os.getpid(), argv[0] if argv else sys.executable, "(its terminal)", group=False)
 
-    def _adopted(self) -> list[processes.Record]:
+    def adopted(self) -> list[processes.Record]:
+        """What ``adopt`` recorded (the demo's operator, the demo process), stopped first by ``stop``."""
         return [processes.Record(**r) for r in self._state().get("adopted", [])]
 
     def _records(self) -> list[processes.Record]:
@@ -200,7 +201,7 @@ class Cluster:
     def pids(self) -> list[int]:
         """Every live process that mentions this cluster's directory or data dir (for leak checks)."""
         found = set(processes.matching(str(self.directory)))
-        found.update(r.pid for r in self._adopted() if r.pid != os.getpid() and processes.alive(r))
+        found.update(r.pid for r in self.adopted() if r.pid != os.getpid() and processes.alive(r))
         data_dir = self._state().get("etcd_data_dir")
         if data_dir:
             found.update(processes.matching(data_dir))
@@ -419,7 +420,7 @@ class Cluster:
             self.progress(f"stopping cluster {self.name!r}")
         # What was started beside the cluster goes first (an operator left running would only log errors
         # against a stopped API server); the calling process never signals itself.
-        processes.terminate([r for r in self._adopted() if r.pid != os.getpid()], {})
+        processes.terminate([r for r in self.adopted() if r.pid != os.getpid()], {})
         processes.terminate(records, self._popens)
         self._popens.clear()
         data_dir = state.get("etcd_data_dir")

@@ -92,7 +92,9 @@ async def _main(args: argparse.Namespace) -> int:
             results.append((name, expect, final, time.monotonic() - started))
         ok = _summary(results)
         if args.keep:
-            say(f"kept running. export KUBECONFIG={local.kubeconfig}; kubectl -n {NAMESPACE} get rfleet,wrev")
+            kubectl = binaries.ensure(("kubectl",))["kubectl"]  # only a kept demo needs it (built once)
+            say(f"kept running. export KUBECONFIG={local.kubeconfig}; {kubectl} -n {NAMESPACE} get rfleet,wrev")
+            say(f"stop everything with: rolloutfleet sandbox down --name {args.name}")
             follower_task = None  # keep serving until interrupted
             with contextlib.suppress(asyncio.CancelledError, KeyboardInterrupt):
                 await asyncio.Event().wait()
