@@ -33,6 +33,12 @@ def _env() -> dict[str, str]:
     return {**env, "PYTHONPATH": path}
 
 
+def _sandbox(command: str, *, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``rolloutfleet sandbox COMMAND --name NAME`` without torch on the path."""
+    argv = [sys.executable, "-m", "rolloutfleet.cli", "sandbox", command, "--name", NAME]
+    return subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=timeout, check=False)
+
+
 @pytest.fixture
 def demo_cluster() -> Iterator[cluster.Cluster]:
     target = cluster.Cluster.named(NAME)
@@ -41,14 +47,7 @@ def demo_cluster() -> Iterator[cluster.Cluster]:
 
 
 def test_the_demo_runs_its_three_revisions_without_torch(demo_cluster: cluster.Cluster) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "rolloutfleet.cli", "sandbox", "demo", "--name", NAME],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    out = _sandbox("demo", timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "nothing left running" in out.stdout
     log = (demo_cluster.directory / "logs" / "operator.log").read_text()
@@ -76,14 +75,7 @@ def test_down_after_a_kept_demo_leaves_no_process(demo_cluster: cluster.Cluster)
         adopted = {r.name: r.pid for r in demo_cluster.adopted()}
         assert set(adopted) == {"operator", "demo"} and adopted["demo"] == demo.pid
 
-        down = subprocess.run(
-            [sys.executable, "-m", "rolloutfleet.cli", "sandbox", "down", "--name", NAME],
-            env=_env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        down = _sandbox("down", timeout=120)
         assert down.returncode == 0, down.stdout + down.stderr
         assert "no process left" in down.stdout
         assert demo.wait(timeout=30) is not None  # the demo process itself was stopped
