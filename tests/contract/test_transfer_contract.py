@@ -20,6 +20,7 @@ import pytest
 from contract_support import Sender, Target, call, metric_sum
 
 from rolloutfleet.adapters.engine import EngineClient
+from rolloutfleet.adapters.engine_wire import EngineRPCError
 
 pytestmark = pytest.mark.contract
 
@@ -206,3 +207,19 @@ async def test_a_failed_update_destroys_its_target_until_weights_wake(target: Ta
     await engine.load("verifier", w.verifier_a, 1)
     await engine.load("draft", w.draft_a, 1)
     await engine.resume()
+
+
+async def test_the_extension_records_the_transfer_group_it_is_told(target: Target, engine: EngineClient) -> None:
+    """NCCL groups (docs/push.md, "Transfer group"): once vLLM's init returned, the operator has the
+    extension record the membership; ``rolloutfleet_state`` reports it from then on (the operator's own
+    parser reads it) and a malformed one is refused without changing it. Needs no NCCL: the record is the
+    extension's, so it holds on any engine running it (a new process reports none)."""
+    before = await engine.observe()
+    assert before.reachable and before.group is None
+    await engine.push_group(3, 1, 2)
+    after = await engine.observe()
+    assert after.group is not None
+    assert (after.group.epoch, after.group.rank_offset, after.group.world_size) == (3, 1, 2)
+    with pytest.raises(EngineRPCError, match="invalid_group"):
+        await engine.push_group(4, 2, 2)  # rank 2 is outside a group of 2
+    assert (await engine.observe()).group == after.group
