@@ -124,8 +124,9 @@ def run_push(fleet_name: str = "pol", rev: int = 1, draft: Any = DRAFT, **kw: An
     kw.setdefault("sender", SimulatedSender())
     kw.setdefault("progress", False)
     kw.setdefault("poll_interval", 0.01)
-    kw.setdefault("session_timeout", 5)
-    kw.setdefault("timeout", 10)
+    # Generous: these bound a test that would hang, they never decide it (a loaded CI box is slow).
+    kw.setdefault("session_timeout", 60)
+    kw.setdefault("timeout", 120)
     return push.push_revision(fleet_name, rev, kw.pop("verifier", VERIFIER), draft, NS, api_client=object(), **kw)  # type: ignore[arg-type]
 
 
