@@ -118,26 +118,26 @@ def _engines(
         return {}
     summaries: dict[str, fleet_status.EngineSummary] = {}
     for pod in pods:
-        meta = pod["metadata"]
-        if memory.replaced(meta["name"], meta.get("uid")):
+        name, uid = pod["metadata"]["name"], pod["metadata"].get("uid")
+        if memory.replaced(name, uid):
             # A pod recreated under the same name is a new engine process on the initial checkpoint: what
             # its predecessor served (in memory and in the status) says nothing of it until it is read.
-            summaries[meta["name"]] = fleet_status.EngineSummary(None, None, None, None)
+            summaries[name] = fleet_status.EngineSummary(None, None, None, None)
             continue
-        state = memory.engine_view.get(meta["name"])
+        state, step = memory.engine_view.get(name), memory.steps.get(name)
         if state is None:
             continue
         # An engine that does not answer holds nothing the status may claim: its revisions read unknown (a
         # crashed engine comes back on the initial checkpoint), its step says why.
-        summaries[meta["name"]] = (
+        summaries[name] = (
             fleet_status.EngineSummary(
                 revision=state.verifier.revision,
                 draft_revision=state.draft.revision if state.draft is not None else None,
-                step=memory.steps.get(meta["name"]),
+                step=step,
                 weight_version=state.weight_version,
             )
             if state.reachable
-            else fleet_status.EngineSummary(None, None, memory.steps.get(meta["name"]) or "Unreachable", None)
+            else fleet_status.EngineSummary(None, None, step or "Unreachable", None)
         )
     return summaries
 

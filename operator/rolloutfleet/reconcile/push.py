@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rolloutfleet.api import vllm_flags
-from rolloutfleet.api.engine import EngineState, Target
+from rolloutfleet.api.engine import EngineState, GroupMembership, Target
 from rolloutfleet.api.fleet import RolloutFleetSpec, TransferBackend
 from rolloutfleet.api.revision import (
     PUSH_ERROR_ANNOTATION,
@@ -45,6 +45,10 @@ def _epoch(value: object) -> int | None:
     return number if number >= 0 else None
 
 
+def _annotations(rev: revisions.Revision | None) -> dict[str, Any]:
+    return ((rev.body.get("metadata") or {}).get("annotations") or {}) if rev is not None else {}
+
+
 def marks(spec: RolloutFleetSpec, rev: revisions.Revision | None, *, rolling_back: bool) -> PushMarks:
     """The trainer's marks on ``rev`` (its annotations) and whether sessions may be opened at all.
 
@@ -54,7 +58,7 @@ def marks(spec: RolloutFleetSpec, rev: revisions.Revision | None, *, rolling_bac
     deadline = float(spec.update_strategy.timeouts.push_seconds)
     if rev is None or rolling_back:
         return PushMarks(deadline_s=deadline, can_open=False)
-    notes = (rev.body.get("metadata") or {}).get("annotations") or {}
+    notes = _annotations(rev)
     error = str(notes.get(PUSH_ERROR_ANNOTATION) or "")
     scope = _ERROR_SCOPE.match(error)
     return PushMarks(
@@ -93,11 +97,10 @@ def goal_with_marks(
         # cannot reach it.
         return dataclasses.replace(goal, push=dataclasses.replace(found, can_open=False))
     if group is not None:
-        notes = ((rev.body.get("metadata") or {}).get("annotations") or {}) if rev is not None else {}
         found = dataclasses.replace(
             found,
             group_epoch=group.epoch,
-            rendezvous=rendezvous_for(notes.get(RENDEZVOUS_ANNOTATION), group.epoch),
+            rendezvous=rendezvous_for(_annotations(rev).get(RENDEZVOUS_ANNOTATION), group.epoch),
             rendezvous_expired=rendezvous_expired,
         )
     return dataclasses.replace(goal, push=found)
@@ -113,8 +116,7 @@ def rendezvous_for(value: object, epoch: int) -> str | None:
 
 def new_group_requested(rev: revisions.Revision | None) -> bool:
     """The trainer is not rank 0 of the group shown (a new trainer process): it asks for a new group."""
-    notes = ((rev.body.get("metadata") or {}).get("annotations") or {}) if rev is not None else {}
-    return str(notes.get(RENDEZVOUS_ANNOTATION) or "").startswith("new@")
+    return str(_annotations(rev).get(RENDEZVOUS_ANNOTATION) or "").startswith("new@")
 
 
 def engine_workers(spec: RolloutFleetSpec) -> int:
@@ -155,12 +157,11 @@ def transfer_group(
         ranks.append(PushGroupRank(pod=pod, rank_offset=offset, world_size=workers))
         offset += workers
     members = {p: states[p] for p in order if p in states and states[p].reachable}
+    offsets = {r.pod: r.rank_offset for r in ranks}
     reported = {
         s.group.epoch
         for p, s in members.items()
-        if s.group is not None
-        and s.group.world_size == offset
-        and s.group.rank_offset == ranks[order.index(p)].rank_offset
+        if s.group is not None and s.group.world_size == offset and s.group.rank_offset == offsets[p]
     }
     everyone = len(members) == len(order) and all(s.group is not None for s in members.values())
     formed = next(iter(reported)) if everyone and len(reported) == 1 else None
@@ -171,10 +172,26 @@ def transfer_group(
     if recorded is not None and recorded.ranks == ranks and recorded.world_size == offset and newer:
         joined = [s for s in members.values() if s.group is not None and s.group.epoch == recorded.epoch]
         if not joined or len(joined) == len(members):
-            return recorded.model_copy(update={"formed": bool(joined) and len(joined) == len(order)})
+            return with_formed(recorded, order, states)
     seen = [s.group.epoch for s in states.values() if s.group is not None]
     epoch = max([recorded.epoch if recorded is not None else 0, *seen]) + 1
     return PushGroupStatus(epoch=epoch, world_size=offset, ranks=ranks)
+
+
+def with_formed(group: PushGroupStatus, order: list[str], states: Mapping[str, EngineState]) -> PushGroupStatus:
+    """``group`` with ``formed``: every pod's engine reports it (the trainer then knows it has a rank 0)."""
+    joined = all(
+        (s := states.get(p)) is not None and s.group is not None and s.group.epoch == group.epoch for p in order
+    )
+    return group.model_copy(update={"formed": joined})
+
+
+def membership(group: PushGroupStatus | None, pod: str) -> GroupMembership | None:
+    """``pod``'s place in ``group`` (None: no group, IPC, or not a member)."""
+    rank = next((r for r in group.ranks if r.pod == pod), None) if group is not None else None
+    if group is None or rank is None:
+        return None
+    return GroupMembership(epoch=group.epoch, rank_offset=rank.rank_offset, world_size=group.world_size)
 
 
 MARK_KEYS = frozenset({pushed_annotation("verifier"), pushed_annotation("draft"), PUSH_ERROR_ANNOTATION})
@@ -228,27 +245,23 @@ def next_epoch(current: int, states: Iterable[EngineState]) -> int:
     return max([current, *seen]) + 1
 
 
-def init_info(
-    spec: RolloutFleetSpec, group: PushGroupStatus | None, rendezvous: str | None, pod: str
-) -> dict[str, Any] | None:
-    """What ``/init_weight_transfer_engine`` needs for ``pod`` (a JoinGroup step), or None when nothing does.
+def init_info(spec: RolloutFleetSpec, member: GroupMembership | None, rendezvous: str | None) -> dict[str, Any] | None:
+    """What ``/init_weight_transfer_engine`` needs for a pod in ``member`` (a JoinGroup step), or None when
+    nothing does.
 
     IPC: nothing (vLLM's IPC init is a no-op). NCCL: the trainer's rendezvous, the group's size and this
     engine's first rank; ``packed`` only when the fleet asks for it (vLLM >= 0.28 takes packing at init;
     0.26 refuses the keys and takes packing per update from the trainer).
     """
     transfer = spec.weight_transfer
-    if transfer is None or transfer.backend != TransferBackend.NCCL or group is None or rendezvous is None:
-        return None
-    rank = next((r for r in group.ranks if r.pod == pod), None)
-    if rank is None:
+    if transfer is None or transfer.backend != TransferBackend.NCCL or member is None or rendezvous is None:
         return None
     host, _, port = rendezvous.rpartition(":")
     info: dict[str, Any] = {
         "master_address": host.strip("[]"),
         "master_port": int(port),
-        "rank_offset": rank.rank_offset,
-        "world_size": group.world_size,
+        "rank_offset": member.rank_offset,
+        "world_size": member.world_size,
     }
     if transfer.nccl is not None and transfer.nccl.packed:
         info["packed"] = True

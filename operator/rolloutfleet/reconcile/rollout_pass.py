@@ -524,11 +524,11 @@ class RolloutPass:
         if decision.step == Step.RESTART_POD:
             await self._restart(pod, decision.reason)
             return
-        membership = self._membership(pod)
+        membership = push.membership(self.group, pod)
         session = executor.SessionContext(
             epoch=self.pod_epoch.get(pod, 0),
             session=self.states[pod].session,
-            init_info=push.init_info(self.spec, self.group, self.goal.push.rendezvous, pod),
+            init_info=push.init_info(self.spec, membership, self.goal.push.rendezvous),
             why=decision.reason,
             group=membership,
         )
@@ -561,26 +561,6 @@ class RolloutPass:
         self.memory.durations.setdefault(self.key, {}).setdefault(decision.step.value, []).append(seconds)
         self.ctx.metrics.step_duration.labels(*self.fleet_labels, decision.step.value, self.plan.mode.value).observe(
             seconds
-        )
-
-    def _group_status(self) -> PushGroupStatus | None:
-        """The pass's group as published: ``formed`` once every pod's engine reports it."""
-        group = self.group
-        if group is None:
-            return None
-        joined = all(
-            (s := self.states.get(p)) is not None and s.group is not None and s.group.epoch == group.epoch
-            for p in self.order
-        )
-        return group.model_copy(update={"formed": joined})
-
-    def _membership(self, pod: str) -> engine.GroupMembership | None:
-        """This pod's place in the pass's NCCL group (None: IPC, or not a member)."""
-        rank = next((r for r in self.group.ranks if r.pod == pod), None) if self.group is not None else None
-        if self.group is None or rank is None:
-            return None
-        return engine.GroupMembership(
-            epoch=self.group.epoch, rank_offset=rank.rank_offset, world_size=self.group.world_size
         )
 
     def _count_session(self, target: str, outcome: str) -> None:
@@ -702,7 +682,7 @@ class RolloutPass:
                 epoch=max((e for e in [self.push_epoch] if e not in self.opening), default=0),
                 sessions=push.published_sessions(self.states, self.opening, self.pods.bodies, self.spec.port),
                 generation=writes.generation(self.rev.body),
-                group=self._group_status(),
+                group=None if self.group is None else push.with_formed(self.group, self.order, self.states),
             )
         await writes.write_revision(self.ctx, self.rev, new)
 

@@ -154,16 +154,18 @@ def test_the_rendezvous_applies_to_its_own_group_only() -> None:
 def test_init_info_names_the_rendezvous_the_group_size_and_the_pods_first_rank() -> None:
     spec = _nccl_spec(tensorParallelSize=2, gpusPerPod=2)
     group = push.transfer_group(spec, ["a", "b"], None, {})
-    assert push.init_info(spec, group, "trainer:29600", "b") == {
+    assert push.init_info(spec, push.membership(group, "b"), "trainer:29600") == {
         "master_address": "trainer",
         "master_port": 29600,
         "rank_offset": 3,
         "world_size": 5,
     }
-    assert push.init_info(spec, group, None, "b") is None  # no rendezvous yet: nothing to join
-    assert push.init_info(spec, group, "trainer:29600", "z") is None  # not a member
+    assert push.init_info(spec, push.membership(group, "b"), None) is None  # no rendezvous yet: nothing to join
+    assert push.init_info(spec, push.membership(group, "z"), "trainer:29600") is None  # not a member
     packed = _nccl_spec(weightTransfer={"backend": "nccl", "nccl": {"packed": True}})
-    assert push.init_info(packed, push.transfer_group(packed, ["a"], None, {}), "[fd00::1]:1", "a") == {
+    assert push.init_info(
+        packed, push.membership(push.transfer_group(packed, ["a"], None, {}), "a"), "[fd00::1]:1"
+    ) == {
         "master_address": "fd00::1",
         "master_port": 1,
         "rank_offset": 1,
