@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import pathlib
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -10,6 +14,24 @@ from kubernetes import client
 
 GROUP, VERSION = "rolloutfleet.io", "v1alpha1"
 T = TypeVar("T")
+REPO = pathlib.Path(__file__).resolve().parents[3]
+
+
+def run_example(script: str, *args: str, timeout: float) -> list[str]:
+    """Run ``examples/SCRIPT`` as a user would (the repo's packages on the path); assert it succeeded and
+    return its ``step ...`` lines (one per training step)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "operator"), str(REPO / "worker_image")]))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [line for line in proc.stdout.splitlines() if line.startswith("step ")]
 
 
 def weights_volume(k8s_api: client.ApiClient, namespace: str, claim: str = "ckpt") -> None:

@@ -5,23 +5,18 @@ with it."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 import urllib.request
 from typing import Any
 
 import pytest
 from kubernetes import client
-from operator_helpers import GROUP, VERSION, eventually, get_fleet
+from operator_helpers import GROUP, VERSION, eventually, get_fleet, run_example
 from publish_support import FLEET, live_fleet
 from sim_harness import FollowerThread
 
 pytestmark = pytest.mark.integration
 __all__ = ["live_fleet"]  # the fixture, imported from publish_support
-
-REPO = pathlib.Path(__file__).resolve().parents[3]
 
 
 def test_trainer_loop_three_steps(
@@ -38,36 +33,13 @@ def test_trainer_loop_three_steps(
         what="pod IPs in the fleet status",
     )
     engine_url = f"http://{pods[-1]['ip']}:8000"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "operator"), str(REPO / "worker_image")]))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "examples" / "trainer_loop.py"),
-            "--kubeconfig",
-            str(kubeconfig_path),
-            "--namespace",
-            namespace,
-            "--fleet",
-            FLEET,
-            "--weights-root",
-            str(root / "policy"),
-            "--steps",
-            "3",
-            "--engine-url",
-            engine_url,
-            "--timeout",
-            "120",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
+    lines = run_example(
+        "trainer_loop.py",
+        *("--kubeconfig", str(kubeconfig_path), "--namespace", namespace, "--fleet", FLEET),
+        *("--weights-root", str(root / "policy"), "--steps", "3", "--engine-url", engine_url, "--timeout", "120"),
         timeout=400,
-        check=False,
     )
-    print(proc.stdout)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
-    assert len(lines) == 3, proc.stdout
+    assert len(lines) == 3, lines
     assert "completion stamped ['3']" in lines[-1]
     assert get_fleet(api, namespace, FLEET)["status"]["currentRevision"] == 3
     final = api.get_namespaced_custom_object(GROUP, VERSION, namespace, "weightrevisions", f"{FLEET}-r3")

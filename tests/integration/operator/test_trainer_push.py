@@ -8,21 +8,18 @@ only under the names and shapes of its model, as vLLM's ``load_weights`` does.
 
 from __future__ import annotations
 
-import os
 import pathlib
-import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes import client
-from operator_helpers import GROUP, VERSION, eventually, fleet_manifest, get_fleet, weights_volume
+from operator_helpers import GROUP, REPO, VERSION, eventually, fleet_manifest, get_fleet, run_example, weights_volume
 from sim_harness import FollowerThread
 
 pytestmark = pytest.mark.integration
 
-REPO = pathlib.Path(__file__).resolve().parents[3]
 FLEET = "tiny"
 
 
@@ -74,33 +71,13 @@ def push_fleet(
 def test_trainer_push_two_steps(
     push_fleet: pathlib.Path, k8s_api: client.ApiClient, namespace: str, kubeconfig_path: pathlib.Path
 ) -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "operator"), str(REPO / "worker_image")]))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "examples" / "trainer_push.py"),
-            "--simulated",
-            "--kubeconfig",
-            str(kubeconfig_path),
-            "--namespace",
-            namespace,
-            "--fleet",
-            FLEET,
-            "--steps",
-            "2",
-            "--timeout",
-            "120",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
+    lines = run_example(
+        "trainer_push.py",
+        *("--simulated", "--kubeconfig", str(kubeconfig_path), "--namespace", namespace, "--fleet", FLEET),
+        *("--steps", "2", "--timeout", "120"),
         timeout=300,
-        check=False,
     )
-    print(proc.stdout)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
-    assert len(lines) == 2 and "completion stamped ['2']" in lines[-1], proc.stdout
+    assert len(lines) == 2 and "completion stamped ['2']" in lines[-1], lines
     status = get_fleet(client.CustomObjectsApi(k8s_api), namespace, FLEET)["status"]
     assert status["currentRevision"] == 2 and status["served"]["verifierPushed"]
     # Nothing was written to the weights volume: the revisions came from the trainer's memory.
