@@ -189,13 +189,18 @@ def _timings_file() -> pathlib.Path:
     return cache_root() / "build-times.json"
 
 
-def _expected_seconds(tool: Tool) -> tuple[float, str] | None:
-    """(seconds, where the number comes from) of the last build of ``tool`` here, else the reference."""
+def _recorded_seconds() -> dict[str, float]:
+    """The build times recorded here (an absent or damaged file: none)."""
     try:
         recorded = json.loads(_timings_file().read_text())
     except (OSError, ValueError):
-        recorded = {}
-    seconds = recorded.get(f"{tool.name}-{tool.version}") if isinstance(recorded, dict) else None
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def _expected_seconds(tool: Tool) -> tuple[float, str] | None:
+    """(seconds, where the number comes from) of the last build of ``tool`` here, else the reference."""
+    seconds = _recorded_seconds().get(f"{tool.name}-{tool.version}")
     if isinstance(seconds, int | float):
         return float(seconds), "its last build here"
     if tool.name in REFERENCE_SECONDS:
@@ -204,12 +209,7 @@ def _expected_seconds(tool: Tool) -> tuple[float, str] | None:
 
 
 def _record_seconds(tool: Tool, seconds: float) -> None:
-    try:
-        recorded = json.loads(_timings_file().read_text())
-    except (OSError, ValueError):
-        recorded = {}
-    if not isinstance(recorded, dict):
-        recorded = {}
+    recorded = _recorded_seconds()
     recorded[f"{tool.name}-{tool.version}"] = round(seconds, 1)
     tmp = _timings_file().with_suffix(".partial")
     tmp.write_text(json.dumps(recorded, indent=1, sort_keys=True))
