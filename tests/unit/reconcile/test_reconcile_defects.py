@@ -275,7 +275,14 @@ async def test_the_fleet_status_follows_steps_that_finish_while_an_interrupted_p
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in arrived.values())), 10)
             interrupted.set()  # a newer revision, a stop: once a step ends, the pass only drains
             gates[trigger].set()
-            await asyncio.sleep(1.5)  # past the status write that the trigger's finished step scheduled
+            # The status write the trigger's finished step scheduled has happened (it shows the trigger's
+            # load), so only a write scheduled while draining can show the late pod's.
+            for _ in range(300):
+                if {p["name"]: p for p in h.fleet_status().get("pods") or []}[trigger].get("revision") == 1:
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the trigger's finished load never reached the fleet status")
             gates[late].set()  # finishes during the drain; the slow pod's load still runs
             for _ in range(300):  # status is written at most once a second during a pass
                 pods = {p["name"]: p for p in h.fleet_status().get("pods") or []}
