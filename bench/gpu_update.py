@@ -14,6 +14,14 @@ flags, and measures in one run:
   ``model.load_weights``; verifier only — it never restores the draft), after the same sleep/wake, and
   in place without sleep.
 
+With ``--staged`` (or ``ROLLOUTFLEET_BENCH_STAGED=1`` in the environment, which reaches it through the
+device script: ``ROLLOUTFLEET_BENCH_STAGED=1 bash scripts/gpu/run-device-suite.sh stage2 bench``) it also
+measures staged updates (docs/staging.md, ``bench/staged_update.py``): in-process, right after the
+ceiling, staging the verifier + draft with the default reader threads and with 16 and the commit of the
+verifier from the stage (x the ceiling); through the server, the pause window of staged sleep-mode and
+staged vs unstaged in-flight transactions, the time to stage while serving, and serving throughput idle
+vs while staging. ``--skip-stock`` leaves out (b).
+
     python3 bench/gpu_update.py --out DIR            # on the device; see scripts/gpu/run-device-suite.sh
 
 A report, not a test: DIR gets bench.json, gpu_update.md and vllm-bench.log. Targets: our verifier load
@@ -46,6 +54,7 @@ sys.path[:0] = [
 
 import gpu_support  # noqa: E402
 import loader_stages  # noqa: E402
+import staged_update  # noqa: E402
 
 from rolloutfleet.adapters.engine import EngineClient, EnginePool, EngineTimeouts  # noqa: E402
 from rolloutfleet_worker.digest import digest_directory, scan_directory  # noqa: E402
@@ -113,6 +122,7 @@ async def timed(label: str, steps: dict[str, float], coro: Any) -> Any:
 async def ours(client: EngineClient, url: str, goal: dict[str, Any], revision: int) -> dict[str, Any]:
     """One sleep-mode transaction through the operator's client, each step timed."""
     s: dict[str, float] = {}
+    t_pause = time.perf_counter()
     await timed("pause", s, client.pause(mode="keep", clear_cache=False))
     await timed("sleep(2)", s, client.sleep(2))
     await timed("wake weights", s, client.wake_up(["weights"]))
@@ -121,6 +131,7 @@ async def ours(client: EngineClient, url: str, goal: dict[str, Any], revision: i
     state = await timed("verify", s, client.observe())
     await timed("wake kv", s, client.wake_up(["kv_cache"]))
     await timed("resume", s, client.resume())
+    pause_window = time.perf_counter() - t_pause  # pause → resume, as the operator's client sees it
     verified = (
         state.pair == (revision, revision)
         and state.verifier.digest == goal["verifier_digest"]
@@ -132,6 +143,7 @@ async def ours(client: EngineClient, url: str, goal: dict[str, Any], revision: i
         "revision": revision,
         "steps_s": s,
         "total_s": sum(s.values()),
+        "pause_window_s": pause_window,
         "verifier": {"bytes": v.bytes, "worker_s": v.seconds, "GBps_worker": v.bytes / v.seconds / GB},
         "draft": {"bytes": d.bytes, "worker_s": d.seconds},
         "verifier_GBps_http": v.bytes / s["load verifier"] / GB,
@@ -235,17 +247,40 @@ async def measure(args: argparse.Namespace, revs: dict[str, str], digests: dict[
                 out["ours"].append(await ours(client, server.url, goal, k + 1))
                 print(json.dumps(out["ours"][-1]), flush=True)
             out["stock"] = []
-            for k in range(args.repeats):
+            for k in range(0 if args.skip_stock else args.repeats):
                 path = revs["verifier-b" if k % 2 == 0 else "verifier-a"]
                 out["stock"].append(await stock(client, server.url, path, nbytes, sleep=True))
                 print(json.dumps(out["stock"][-1]), flush=True)
-            for k in range(args.repeats):
+            for k in range(0 if args.skip_stock else args.repeats):
                 path = revs["verifier-b" if k % 2 == 0 else "verifier-a"]
                 out["stock"].append(await stock(client, server.url, path, nbytes, sleep=False))
                 print(json.dumps(out["stock"][-1]), flush=True)
+            if args.staged:
+                goals = [
+                    {
+                        "verifier": revs[f"verifier-{pair}"],
+                        "draft": revs[f"draft-{pair}"],
+                        "verifier_digest": digests[f"verifier-{pair}"],
+                        "draft_digest": digests[f"draft-{pair}"],
+                    }
+                    for pair in ("a", "b")
+                ]
+                out["staged_engine"] = await staged_update.guarded(
+                    staged_update.engine(
+                        client,
+                        server.url,
+                        goals,
+                        gpu_support.prompts(args.staged_concurrency),
+                        repeats=args.repeats,
+                        window_s=args.staged_window,
+                    )
+                )
+                print(json.dumps({"staged_engine": out["staged_engine"]}, default=str), flush=True)
     finally:
         server.stop()
         out["worker_loads"] = worker_loads(args.out / "vllm-bench.log")
+        log_text = (args.out / "vllm-bench.log").read_text(errors="replace") if args.staged else ""
+        out["worker_staged_lines"] = staged_update.worker_lines(log_text)
 
 
 def summarize(out: dict[str, Any]) -> dict[str, Any]:
@@ -333,6 +368,8 @@ def report(out: dict[str, Any]) -> str:
         steps = ", ".join(f"{k} {v:.3f}" for k, v in r["steps_s"].items())
         lines.append(f"- sleep={r['sleep']}: {steps}; error={r['error']}; output ok={r['output_nonzero']}")
     lines.append("")
+    if "staged_summary" in out:
+        lines += staged_update.report_lines(out)
     return "\n".join(lines)
 
 
@@ -371,6 +408,15 @@ def main() -> int:
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    parser.add_argument(
+        "--staged",
+        action="store_true",
+        default=os.environ.get("ROLLOUTFLEET_BENCH_STAGED", "").strip().lower() in ("1", "true", "yes", "on"),
+        help="also measure staged updates (bench/staged_update.py)",
+    )
+    parser.add_argument("--staged-concurrency", type=int, default=16, help="clients of the steady load")
+    parser.add_argument("--staged-window", type=float, default=8.0, help="seconds of each throughput window")
+    parser.add_argument("--skip-stock", action="store_true", help="leave out vLLM's stock reload_weights (b)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     import torch
@@ -410,9 +456,20 @@ def main() -> int:
     except Exception as exc:  # a report: keep going to the engine measurements, say what failed
         out["loader_stages"] = {"error": f"{type(exc).__name__}: {exc}"}
     torch.cuda.empty_cache()
+    if args.staged:  # in the same run as the ceiling, before vLLM takes the GPU
+        out["staged_in_process"] = staged_update.guarded_sync(
+            staged_update.in_process,
+            revs["verifier-b"],
+            revs["draft-b"],
+            {"verifier": digests["verifier-b"], "draft": digests["draft-b"]},
+            out["ceiling"]["pinned_per_tensor_GBps"],
+        )
+        torch.cuda.empty_cache()
     print(json.dumps(out, default=str), flush=True)
     asyncio.run(measure(args, revs, digests, out))
     out["summary"] = summarize(out)
+    if args.staged:
+        out["staged_summary"] = staged_update.guarded_sync(staged_update.summarize, out)
     (args.out / "bench.json").write_text(json.dumps(out, indent=1, default=str))
     (args.out / "gpu_update.md").write_text(report(out))
     print(json.dumps(out["summary"], indent=1), flush=True)

@@ -66,8 +66,10 @@ async def target(tmp_path: pathlib.Path, request: pytest.FixtureRequest) -> Asyn
         vllm_version=request.param,
         weight_transfer={"backend": "ipc"},
     )
-    # A finite generation speed, as on a GPU: a long request is still running when a test pauses.
-    async with SimulatedFleet(token=TOKEN, spec=spec, latencies=Latencies(token_s=0.001)) as fleet:
+    # A finite generation speed, as on a GPU: a long request is still running when a test pauses. Staging
+    # takes a while too, as reading gigabytes does: a test sees the engine serve while it stages.
+    latencies = Latencies(token_s=0.001, stage_s=0.1)
+    async with SimulatedFleet(token=TOKEN, spec=spec, latencies=latencies) as fleet:
         engine = await fleet.add("127.0.0.1", 0)
         plain = await fleet.add("127.0.0.2", 0, spec=dataclasses.replace(spec, weight_transfer=None))
         sender = SimulatedSender()

@@ -98,6 +98,14 @@ def write_checkpoint(directory: pathlib.Path, seed: int, *, layers: int = 2, hid
     return str(directory)
 
 
+def header_totals(path: str) -> tuple[int, int]:
+    """(tensors, bytes) of a checkpoint directory from its headers: what a pre-flight or a stage must report."""
+    from rolloutfleet_worker.digest import scan_directory
+
+    infos = scan_directory(path)
+    return len(infos), sum(i.nbytes for i in infos)
+
+
 def metric_sum(text: str, name: str) -> float:
     """The sum over label sets of one Prometheus sample name."""
     total = 0.0
@@ -106,6 +114,15 @@ def metric_sum(text: str, name: str) -> float:
         if m:
             total += float(m.group(2))
     return total
+
+
+async def complete(target: Target, max_tokens: int = 8, **extra: object) -> tuple[int, dict[str, Any]]:
+    """One greedy completion of a fixed prompt (open route): (status, body)."""
+    import aiohttp
+
+    body = {"prompt": [1, 2, 3, 4], "max_tokens": max_tokens, "temperature": 0.0, **extra}
+    async with aiohttp.ClientSession() as s, s.post(target.url + "/v1/completions", json=body) as resp:
+        return resp.status, await resp.json(content_type=None)
 
 
 READY_PATH = "/rolloutfleet/ready"

@@ -15,7 +15,16 @@ from typing import Any
 
 import aiohttp
 import pytest
-from contract_support import ADMIT_PATH, READY_PATH, WITHDRAW_PATH, Target, call, metric_sum
+from contract_support import (
+    ADMIT_PATH,
+    READY_PATH,
+    WITHDRAW_PATH,
+    Target,
+    call,
+    complete,
+    header_totals,
+    metric_sum,
+)
 
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.adapters.engine_wire import EngineRPCError
@@ -40,12 +49,6 @@ CONTROL_ROUTES = [
 async def load_pair(engine: EngineClient, verifier: str, draft: str, revision: int) -> None:
     await engine.load("verifier", verifier, revision)
     await engine.load("draft", draft, revision)
-
-
-async def complete(target: Target, max_tokens: int = 8, **extra: object) -> tuple[int, dict]:
-    body = {"prompt": [1, 2, 3, 4], "max_tokens": max_tokens, "temperature": 0.0, **extra}
-    async with aiohttp.ClientSession() as s, s.post(target.url + "/v1/completions", json=body) as resp:
-        return resp.status, await resp.json(content_type=None)
 
 
 async def test_control_routes_require_the_bearer_token(target: Target, engine: EngineClient) -> None:
@@ -388,14 +391,6 @@ async def test_admit_refuses_a_body_without_a_valid_revision(target: Target, bod
 
 # --- pre-flight: rolloutfleet_preflight reads headers and sizes only and changes nothing ----------------
 # (worker_image/README.md "RPCs"). The same codes as a load; no order or policy rule applies.
-
-
-def header_totals(path: str) -> tuple[int, int]:
-    """(tensors, bytes) of a checkpoint directory from its headers: what a pre-flight must report."""
-    from rolloutfleet_worker.digest import scan_directory
-
-    infos = scan_directory(path)
-    return len(infos), sum(i.nbytes for i in infos)
 
 
 async def test_preflight_reports_the_checkpoints_tensors_and_bytes(target: Target, engine: EngineClient) -> None:

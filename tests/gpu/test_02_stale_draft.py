@@ -12,6 +12,7 @@ from typing import Any
 
 import gpu_support
 import pytest
+from transaction_driver import STAGING, load, staged
 
 from rolloutfleet.adapters.engine import EngineClient
 
@@ -33,21 +34,26 @@ async def test_stale_draft_collapses_and_recovers(
         assert state[0]["verifier"]["digest"] == digests[verifier]
         assert state[0]["draft"] is not None and state[0]["draft"]["digest"] == digests[draft]
 
+    # With staging on (ROLLOUTFLEET_GPU_STAGING=1) each pair is staged while serving and the loads are commits.
+    if STAGING:
+        await staged(engine, 101, r.verifier_a, r.draft_a)
     await engine.pause(mode="keep", clear_cache=False)
-    await engine.load("verifier", r.verifier_a, 101)
-    await engine.load("draft", r.draft_a, 101)
+    await load(engine, "verifier", r.verifier_a, 101)
+    await load(engine, "draft", r.draft_a, 101)
     await engine.resume()
     await loaded(r.verifier_a, r.draft_a)
     same = await gpu_support.acceptance(server.url, batch)
 
+    if STAGING:
+        await staged(engine, 102, r.verifier_b, r.draft_b)
     await engine.pause(mode="keep", clear_cache=False)
-    await engine.load("verifier", r.verifier_b, 102)  # draft left at revision 101: the stale draft
+    await load(engine, "verifier", r.verifier_b, 102)  # draft left at revision 101: the stale draft
     await engine.resume()
     await loaded(r.verifier_b, r.draft_a)
     stale = await gpu_support.acceptance(server.url, batch)
 
     await engine.pause(mode="keep", clear_cache=False)
-    await engine.load("draft", r.draft_b, 102)
+    await load(engine, "draft", r.draft_b, 102)  # staging on: the same stage's draft, still held
     await engine.resume()
     await loaded(r.verifier_b, r.draft_b)
     fixed = await gpu_support.acceptance(server.url, batch)

@@ -17,7 +17,7 @@ from typing import Any
 
 import gpu_support
 import pytest
-from transaction_driver import converge, goal_for
+from transaction_driver import converge, expected, goal_for
 
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.planning import transaction
@@ -25,8 +25,9 @@ from rolloutfleet.planning import transaction
 pytestmark = pytest.mark.gpu
 
 # vLLM 0.26 has no weight-version routes: the planner skips SetWeightVersion there (feature-detected).
-SLEEP_STEPS = ["Pause", "Sleep", "WakeWeights", "LoadVerifier", "LoadDraft", "Resume"]
-INFLIGHT_STEPS = ["Pause", "LoadVerifier", "LoadDraft", "Resume"]
+# With ROLLOUTFLEET_GPU_STAGING=1: Stage first (while serving), commits instead of loads (``expected``).
+SLEEP_STEPS = expected(["Pause", "Sleep", "WakeWeights", "LoadVerifier", "LoadDraft", "Resume"])
+INFLIGHT_STEPS = expected(["Pause", "LoadVerifier", "LoadDraft", "Resume"])
 
 
 async def test_ten_level2_sleep_cycles_through_the_transaction(

@@ -4,13 +4,22 @@ Used by the GPU tests: ``converge`` is exactly what ``reconcile.revision`` does 
 engine, ask the pure planner (``planning.transaction.next_step``) for the next step, run it with the
 executor (``reconcile.executor.execute``) — until the planner says DONE. ``goal_for`` builds the goal the
 operator would derive from a WeightRevision of the A or B pair with a co-updated draft.
+
+``ROLLOUTFLEET_GPU_STAGING=1`` runs the suite with staging on (docs/staging.md): goals carry the fleet's
+staging limit, so the planner stages while the engine serves and commits from pinned host memory in the
+pause; ``expected`` turns a test's step list into the staged one, and ``load`` stages before a direct load.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import time
+
 import gpu_support
 
 from rolloutfleet.adapters.engine import EngineClient
+from rolloutfleet.api.engine import LoadResult, StagePhase, StageState
 from rolloutfleet.api.fleet import StepTimeouts
 from rolloutfleet.planning import transaction
 from rolloutfleet.reconcile import executor
@@ -29,18 +38,52 @@ def goal_for(
         verifier_digest=digests[verifier],
         draft_path=draft,
         draft_digest=digests[draft],
+        stage_limit=STAGE_LIMIT if STAGING else None,
     )
+
+
+STAGING = os.environ.get("ROLLOUTFLEET_GPU_STAGING") == "1"
+STAGE_LIMIT = 64 << 30  # the suite's models are tiny; the bench's 3.76 GB pair fits too
+STAGE_WAIT_SECONDS = 120.0
+
+
+def expected(steps: list[str]) -> list[str]:
+    """A test's step list as the planner runs it with staging on: stage first, commits instead of loads."""
+    if not STAGING:
+        return steps
+    commits = {"LoadVerifier": "CommitVerifier", "LoadDraft": "CommitDraft"}
+    return ["Stage", *(commits.get(s, s) for s in steps)]
+
+
+async def staged(client: EngineClient, revision: int, verifier: str, draft: str | None) -> StageState:
+    """Stage ``revision`` and wait until the engine holds it (it keeps serving meanwhile)."""
+    stage = await client.stage(revision, verifier, draft, STAGE_LIMIT)
+    deadline = time.monotonic() + STAGE_WAIT_SECONDS
+    while stage.phase == StagePhase.STAGING and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+        stage = (await client.observe()).staged or stage
+    assert stage.phase == StagePhase.STAGED, stage
+    return stage
+
+
+async def load(client: EngineClient, target: str, path: str, revision: int) -> LoadResult:
+    """A direct load, or with staging on a commit of what ``staged`` put in host memory for it."""
+    return await client.load(target, path, revision, staged=STAGING)
 
 
 async def converge(client: EngineClient, goal: transaction.Goal, *, max_steps: int = 20) -> list[tuple[str, float]]:
     """The operator's per-pod transaction: observe → next_step → execute until DONE. Returns the steps run."""
     timeouts = StepTimeouts()
     steps: list[tuple[str, float]] = []
-    for _ in range(max_steps):
+    deadline = time.monotonic() + STAGE_WAIT_SECONDS
+    while len(steps) < max_steps:
         state = await client.observe()
         decision = transaction.next_step(goal, state)
         if decision.step == transaction.Step.DONE:
             return steps
+        if decision.step == transaction.Step.AWAIT_STAGE and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)  # the engine stages (and serves) by itself: read it again
+            continue
         assert decision.step in transaction.ACTIONS, (decision, state)
         took, _ = await executor.execute(client, decision.step, goal, timeouts)
         steps.append((decision.step.value, round(float(took), 4)))

@@ -2,12 +2,14 @@
 
 vLLM appends this class to its Worker's bases (``--worker-extension-cls
 rolloutfleet_worker.extension.RolloutFleetExtension``); the operator reaches the methods through
-``POST /collective_rpc`` and gets one result per worker. This module owns the RPC boundary and the path
-loads' rules (verifier before draft, frozen drafts never overwritten, shared tensors never written by the
-draft). The record of what is loaded is ``rolloutfleet_worker.records``; the wire payloads
-``rolloutfleet_worker.payloads``; pushed weights (vLLM's weight-transfer sessions) ``rolloutfleet_worker.push``;
-loading is ``rolloutfleet_worker.loader``; finding the modules is ``rolloutfleet_worker.models``; which paths
-may be read is ``rolloutfleet_worker.paths``; the environment ``rolloutfleet_worker.options``.
+``POST /collective_rpc`` and gets one result per worker. This module owns the RPC boundary and the loads'
+rules (verifier before draft, frozen drafts never overwritten, shared tensors never written by the draft),
+shared by loads from files and commits from the staging area. The record of what is loaded is
+``rolloutfleet_worker.records``; the wire payloads ``rolloutfleet_worker.payloads``; pushed weights (vLLM's
+weight-transfer sessions) ``rolloutfleet_worker.push``; staged updates (docs/staging.md)
+``rolloutfleet_worker.staging``; loading is ``rolloutfleet_worker.loader``; finding the modules is
+``rolloutfleet_worker.models``; which paths may be read is ``rolloutfleet_worker.paths``; the environment
+``rolloutfleet_worker.options``.
 
 Rules vLLM imposes: only ADD attributes (a clash with a Worker attribute is an assertion error), so every
 public name starts with ``rolloutfleet_`` and helpers are module functions; import torch/vLLM lazily so
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from rolloutfleet_worker import digest, options, paths, push, records
 from rolloutfleet_worker.options import (
@@ -45,9 +49,15 @@ from rolloutfleet_worker.payloads import (
     PushBeginResult,
     PushEndResult,
     PushGroupResult,
+    StageResult,
     StateResult,
+    Target,
+    UnstageResult,
     fail,
 )
+
+if TYPE_CHECKING:  # the loader imports torch: at run time only inside the functions that load
+    from rolloutfleet_worker.loader import LoadOutcome
 
 # The environment's names stay importable from here (the loader's tests and bench/ use them).
 __all__ = [
@@ -81,24 +91,45 @@ def check_path(path: object) -> str | None:
     return None
 
 
-def _load(worker: Any, target: object, path: object, revision: int | None, restore: bool) -> LoadResult | Failure:
-    from rolloutfleet_worker import loader, loader_base, models
+@dataclass
+class _Destination:
+    """A load's target once every rule passed: the model, its record, and what the load must (not) fill."""
 
+    target: Target
+    model: Any
+    slot: records.Slot
+    exclude: list[str]  # the draft's parameters owned by the verifier: never written, never required
+    skip: Callable[[str], bool]  # checkpoint tensors hashed but not fed (they land in ``exclude``)
+    required: list[str] | None  # None for a quantized engine: the complete feed is what is checked
+
+
+class _StagedMismatchError(Exception):
+    """The bytes a commit handed to the model do not hash to the stage's digest."""
+
+
+def _arguments(target: object, path: object, revision: object) -> str | Failure:
+    """The resolved directory of a load's ``path``, or why the arguments are refused (nothing changes)."""
     if target not in ("verifier", "draft"):
         return fail("invalid_target", f"target must be 'verifier' or 'draft', got {target!r}")
     if revision is not None and (not isinstance(revision, int) or isinstance(revision, bool) or revision < 0):
         return fail("invalid_revision", f"revision must be a non-negative integer, got {revision!r}")
     try:
-        real = paths.resolve(path)
+        return paths.resolve(path)
     except paths.PathRefusedError as exc:
         return fail("invalid_path", str(exc))
-    assert isinstance(path, str)
+
+
+def _destination(worker: Any, target: Target, revision: int | None, restore: bool) -> _Destination | Failure:
+    """The rules every load obeys, from files or from the stage: no load during a session or into a
+    destroyed target, the verifier first, frozen drafts never overwritten, weights mapped."""
+    from rolloutfleet_worker import models
+
     state = records.record_of(worker)
     try:
         verifier, draft, shared = records.models_of(worker, state)
     except models.LookupFailedError as exc:
         return fail("internal", str(exc))
-    refused = records.refused(worker, state, str(target), verifier, draft)
+    refused = records.refused(worker, state, target, verifier, draft)
     if refused is not None:
         return refused
     records.take_baseline(state, verifier, draft, shared)
@@ -123,24 +154,32 @@ def _load(worker: Any, target: object, path: object, revision: int | None, resto
                 return fail("order", f"load the verifier at revision {revision} first (it holds {held})")
     if not models.weights_mapped(model):
         return fail("order", f"the {target} weights are not mapped (asleep): wake_up(tags=weights) first")
-    slot.unknown()  # fail closed from here on: a crash mid-load must not leave an old claim behind
-    slot.lost = False
     skip = (lambda name: models.matches_shared(name, shared)) if target == "draft" and shared else None
     # vLLM checks the loaded names only for unquantized models (quantization methods may create
     # parameters no checkpoint carries); for a quantized one the complete feed is what is checked.
     quantized = models.quantization(worker, target) is not None
+    return _Destination(
+        target=target,
+        model=model,
+        slot=slot,
+        exclude=exclude,
+        skip=skip or (lambda _name: False),
+        required=None if quantized else models.required_parameters(model, exclude),
+    )
+
+
+def _apply(
+    dest: _Destination, path: str, revision: int | None, run: Callable[[_Destination], LoadOutcome], *, staged: bool
+) -> LoadResult | Failure:
+    """Run a load (``run`` returns the loader's ``LoadOutcome``) into ``dest``: the target is unknown
+    from the first byte on, and holds ``revision`` only when the load succeeded."""
+    from rolloutfleet_worker import loader, loader_base, models
+
+    slot = dest.slot
+    slot.unknown()  # fail closed from here on: a crash mid-load must not leave an old claim behind
+    slot.lost = False
     try:
-        outcome = loader.stream_into(
-            model,
-            real,
-            skip=skip or (lambda _name: False),
-            options=options.load_options(
-                pin=models.on_cuda(model),
-                world_size=models.world_size(),
-                sample=paths.first_file(real),
-            ),
-            required=None if quantized else models.required_parameters(model, exclude),
-        )
+        outcome = run(dest)
     except loader_base.OutsideRootsError as exc:
         return fail("invalid_path", str(exc))
     except digest.CheckpointError as exc:
@@ -149,17 +188,21 @@ def _load(worker: Any, target: object, path: object, revision: int | None, resto
         return fail("load_failed", str(exc))
     except loader.IncompleteLoadError as exc:
         return fail("incomplete", str(exc))
+    except _StagedMismatchError as exc:
+        return fail("staged_mismatch", str(exc))
     except Exception as exc:
         return fail("load_failed", f"{type(exc).__name__}: {exc}")
+    gb, seconds = outcome.bytes / 1e9, outcome.seconds
     log.info(
-        "rolloutfleet: loaded %s revision %s from %s: %.2f GB in %.3f s (%.1f GB/s, %s path%s%s%s; "
+        "rolloutfleet: %s %s revision %s from %s: %.2f GB in %.3f s (%.1f GB/s, %s path%s%s%s; "
         "load_weights %.3f s, waiting for tensors %.3f s, finishing %.3f s)",
-        target,
+        "committed" if staged else "loaded",
+        dest.target,
         revision,
-        path,
-        outcome.bytes / 1e9,
-        outcome.seconds,
-        outcome.bytes / 1e9 / max(outcome.seconds, 1e-9),
+        f"the stage of {path}" if staged else path,
+        gb,
+        seconds,
+        gb / max(seconds, 1e-9),
         outcome.path,
         f", {outcome.unpinned_bytes / 1e9:.2f} GB not page-locked" if outcome.unpinned_bytes else "",
         f", {outcome.device_hashed_bytes / 1e9:.2f} GB hashed on the GPU" if outcome.device_hashed_bytes else "",
@@ -169,10 +212,10 @@ def _load(worker: Any, target: object, path: object, revision: int | None, resto
         outcome.finish_seconds,
     )
     slot.revision, slot.digest, slot.path, slot.verified = revision, outcome.digest, path, True
-    slot.fingerprint = models.fingerprint(model, exclude)
+    slot.fingerprint = models.fingerprint(dest.model, dest.exclude)
     return LoadResult(
         ok=True,
-        target="draft" if target == "draft" else "verifier",
+        target=dest.target,
         revision=revision,
         path=path,
         digest=outcome.digest,
@@ -180,7 +223,72 @@ def _load(worker: Any, target: object, path: object, revision: int | None, resto
         seconds=outcome.seconds,
         tensors=outcome.tensors,
         skipped=outcome.skipped,
+        staged=staged,
     )
+
+
+def _load(worker: Any, target: object, path: object, revision: int | None, restore: bool) -> LoadResult | Failure:
+    """A load from the checkpoint files (``loader.stream_into``)."""
+    from rolloutfleet_worker import loader, models
+
+    real = _arguments(target, path, revision)
+    if not isinstance(real, str):
+        return real
+    assert isinstance(path, str)
+    dest = _destination(worker, "draft" if target == "draft" else "verifier", revision, restore)
+    if not isinstance(dest, _Destination):
+        return dest
+
+    def run(d: _Destination) -> LoadOutcome:
+        opts = options.load_options(
+            pin=models.on_cuda(d.model), world_size=models.world_size(), sample=paths.first_file(real)
+        )
+        return loader.stream_into(d.model, real, skip=d.skip, options=opts, required=d.required)
+
+    return _apply(dest, path, revision, run, staged=False)
+
+
+def _commit(worker: Any, target: object, path: object, revision: object) -> LoadResult | Failure:
+    """A staged load (docs/staging.md): the stage's bytes for ``target`` copied into the model and
+    hashed again on the way; ``not_staged`` (nothing changed) unless the finished stage holds exactly this
+    revision and path; ``staged_mismatch`` (target unknown, stage dropped) when the bytes changed."""
+    import dataclasses
+
+    from rolloutfleet_worker import loader, models, staging
+
+    real = _arguments(target, path, revision)
+    if not isinstance(real, str):
+        return real
+    assert isinstance(path, str) and isinstance(revision, int)
+    name: Target = "draft" if target == "draft" else "verifier"
+    checkpoint = staging.committable(worker, name, path, revision)
+    if isinstance(checkpoint, str):
+        return fail("not_staged", checkpoint)
+    dest = _destination(worker, name, revision, restore=False)
+    if not isinstance(dest, _Destination):
+        return dest
+    expected = checkpoint.digest
+
+    def run(d: _Destination) -> LoadOutcome:
+        pin = models.on_cuda(d.model)
+        # No page-locking probe (the bytes are already in host memory); hashing on the GPU needs one.
+        opts = options.load_options(pin=pin, world_size=models.world_size(), probe=False)
+        opts = dataclasses.replace(opts, gpu_hash=opts.gpu_hash and pin)
+        outcome = loader.commit_into(d.model, checkpoint, skip=d.skip, options=opts, required=d.required)
+        if outcome.digest != expected:
+            raise _StagedMismatchError(
+                f"the {d.target} handed to the model hashes to {outcome.digest}, the stage to {expected}: "
+                "the staged bytes changed in host memory"
+            )
+        return outcome
+
+    result = _apply(dest, path, revision, run, staged=True)
+    if result["ok"]:
+        staging.committed(worker, name)
+    elif result["error"]["code"] == "staged_mismatch":
+        staging.discard(worker, "staged_mismatch", result["error"]["message"])
+        log.warning("rolloutfleet: commit of %s revision %s refused: %s", name, revision, result["error"]["message"])
+    return result
 
 
 def _preflight(worker: Any, target: object, path: object) -> PreflightResult | Failure:
@@ -261,7 +369,7 @@ def _elements(shape: tuple[int, ...]) -> int:
 
 
 def _report(worker: Any) -> StateResult:
-    from rolloutfleet_worker import models
+    from rolloutfleet_worker import models, staging
 
     state = records.record_of(worker)
     verifier, draft, shared = records.models_of(worker, state)
@@ -299,20 +407,44 @@ def _report(worker: Any) -> StateResult:
         rank=models.rank(),
         session=push.session_report(state.session),
         group=state.group,
+        staged=staging.report(worker),
     )
 
 
 class RolloutFleetExtension:
     """Mixin for vLLM's Worker. Every method returns a dict and never raises."""
 
-    def rolloutfleet_load(self, target: str, path: str, revision: int) -> LoadResult | Failure:
-        """Load ``target`` ("verifier" | "draft") in place from checkpoint directory ``path``."""
+    def rolloutfleet_load(self, target: str, path: str, revision: int, staged: bool = False) -> LoadResult | Failure:
+        """Load ``target`` ("verifier" | "draft") in place from checkpoint directory ``path``; ``staged``:
+        commit it from the staging area instead (``rolloutfleet_stage`` of the same revision and path)."""
         try:
             if revision is None:
                 return fail("invalid_revision", "revision is required")
+            if staged is True:
+                return _commit(self, target, path, revision)
             return _load(self, target, path, revision, restore=False)
         except Exception as exc:  # the RPC boundary: report, never raise
             return fail("load_failed", f"{type(exc).__name__}: {exc}")
+
+    def rolloutfleet_stage(
+        self, revision: int, verifier_path: str, draft_path: str | None = None, limit_bytes: int | None = None
+    ) -> StageResult | Failure:
+        """Start reading ``revision``'s checkpoints into host memory while the engine serves; returns at once."""
+        try:
+            from rolloutfleet_worker import staging
+
+            return staging.stage(self, revision, verifier_path, draft_path, limit_bytes)
+        except Exception as exc:
+            return fail("internal", f"{type(exc).__name__}: {exc}")
+
+    def rolloutfleet_unstage(self) -> UnstageResult | Failure:
+        """Stop any staging and release the staging area."""
+        try:
+            from rolloutfleet_worker import staging
+
+            return UnstageResult(ok=True, released_bytes=staging.unstage(self))
+        except Exception as exc:
+            return fail("internal", f"{type(exc).__name__}: {exc}")
 
     def rolloutfleet_restore_draft(self, path: str) -> LoadResult | Failure:
         """Reload a frozen draft from ``path`` (after a level-2 sleep); revision stays None."""

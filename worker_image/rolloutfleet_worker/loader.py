@@ -1,16 +1,18 @@
 """Stream a safetensors checkpoint into a live model in place, hashing while it streams.
 
 Called by ``rolloutfleet_worker.extension`` inside a vLLM worker (and by the unit tests and
-``bench/gpu_update.py``). Owns the entry point and the choice of pipeline; the pipelines themselves are
+``bench/gpu_update.py``). Owns the entry points and the choice of pipeline; the pipelines themselves are
 ``loader_mapped`` (GPU staging from pinned bounce buffers, or from the page cache locked in place, hashed
 on the GPU: a single-GPU engine on a platform that allows read-only registration) and ``loader_read``
 (copy the files into pinned buffers, hash on the host: tensor/pipeline parallel engines, platforms that
-refuse, or ``ROLLOUTFLEET_LOAD_MODE=read``). On the H200 the mapped path with the worker's defaults loads
-21 GB/s inside vLLM (28-29 GB/s in-process), the read path ~20 GB/s once warm after two slow first loads
-(bench/results/gpu_update.md). Either way tensors reach vLLM's own per-model ``load_weights`` (q/k/v
-stacking, tensor-parallel shards, copies into the existing parameters, so CUDA graphs keep their
-pointers), reading and hashing run ahead of the model's copies, and the digest
-(``rolloutfleet_worker.digest``) covers every tensor of the checkpoint, fed or skipped.
+refuse, or ``ROLLOUTFLEET_LOAD_MODE=read``) for ``stream_into``, and ``loader_staged`` for ``commit_into``
+(a staged update's commit: the bytes already sit in host memory, ``rolloutfleet_worker.staging``). On
+the H200 the mapped path with the worker's defaults loads 21 GB/s inside vLLM (28-29 GB/s in-process),
+the read path ~20 GB/s once warm after two slow first loads (bench/results/gpu_update.md). Either way
+tensors reach vLLM's own per-model ``load_weights`` (q/k/v stacking, tensor-parallel shards, copies into
+the existing parameters, so CUDA graphs keep their pointers), reading and hashing run ahead of the
+model's copies, and the digest (``rolloutfleet_worker.digest``) covers every tensor of the checkpoint,
+fed or skipped.
 
 A load succeeds only when it is complete: every tensor of the checkpoint was either taken by
 ``load_weights`` or deliberately skipped (shared with the verifier), and every parameter the caller
@@ -29,7 +31,7 @@ from typing import Any
 
 import torch
 
-from rolloutfleet_worker import digest, loader_base, loader_cuda, loader_mapped, loader_read
+from rolloutfleet_worker import digest, loader_base, loader_cuda, loader_mapped, loader_read, loader_staged
 from rolloutfleet_worker.loader_base import (
     CHUNK_BYTES,
     READAHEAD_BYTES,
@@ -54,6 +56,7 @@ __all__ = [
     "LoadOptions",
     "LoadOutcome",
     "LoadWeightsError",
+    "commit_into",
     "default_read_threads",
     "stream_into",
     "torch_dtype",
@@ -69,9 +72,9 @@ class LoadOutcome:
     tensors: int  # tensors handed to load_weights
     skipped: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    path: str = "read"  # which pipeline ran: "mapped" or "read"
+    path: str = "read"  # which pipeline ran: "mapped", "read" or "staged" (a commit from the staging area)
     unpinned_bytes: int = 0  # mapped path: bytes copied from pageable memory (a window was refused)
-    device_hashed_bytes: int = 0  # mapped path with gpu_hash: bytes hashed on the GPU
+    device_hashed_bytes: int = 0  # mapped or staged path with gpu_hash: bytes hashed on the GPU
     bounced_bytes: int = 0  # mapped path: bytes read into bounce buffers instead of page-locked in place
     # Where ``seconds`` went, for the load's log line: inside load_weights' own code, load_weights waiting
     # for the next tensor (the pipeline behind), and after it returned (last hashes, unlocking, clean-up).
@@ -112,7 +115,6 @@ def stream_into(
     infos = digest.scan_directory(path)
     if options.roots:
         infos = loader_base.confine(infos, options.roots)
-    to_feed = sum(1 for info in infos if not skip(info.name))
     pipeline = _pipeline(infos, skip, options)
     try:
         pipeline.start()
@@ -120,6 +122,47 @@ def stream_into(
         # Storage that cannot be mapped (some FUSE mounts) can still be read: nothing was fed yet.
         pipeline = _pipeline(infos, skip, dataclasses.replace(options, mode="read"))
         pipeline.start()
+    return _feed(model, infos, skip, pipeline, required, start)
+
+
+def commit_into(
+    model: Any,
+    staged: loader_staged.StagedCheckpoint,
+    *,
+    skip: Callable[[str], bool] = lambda _name: False,
+    options: LoadOptions | None = None,
+    required: Collection[str] | None = None,
+) -> LoadOutcome:
+    """Load a checkpoint already staged in host memory (``rolloutfleet_worker.staging``) into ``model``.
+
+    The same rules and errors as ``stream_into`` (the same completeness checks; the digest covers every
+    tensor, fed or skipped); the bytes come from the staging area instead of the files
+    (``loader_staged``), copied to the GPU when ``options.pin`` (the model is on one), else handed over as
+    private host copies. The caller compares the digest with the one computed while staging.
+    """
+    start = time.monotonic()
+    options = options or LoadOptions()
+    copies = loader_cuda.CudaCopies() if options.pin else loader_cuda.HostCopies()
+    pipeline = loader_staged.StagedPipeline(staged, skip, options, copies)
+    pipeline.start()
+    return _feed(model, staged.infos, skip, pipeline, required, start)
+
+
+def _feed(
+    model: Any,
+    infos: list[digest.TensorInfo],
+    skip: Callable[[str], bool],
+    pipeline: Pipeline,
+    required: Collection[str] | None,
+    start: float,
+) -> LoadOutcome:
+    """Drive a started ``pipeline`` into ``model.load_weights`` and check the load was complete.
+
+    The part both entry points share: the model pulls every fed tensor, the pipeline hashes every tensor,
+    and only a complete load (``_check_covered``) yields an outcome with a digest. The pipeline is closed
+    whatever happens, so no thread reads host memory after this returns or raises.
+    """
+    to_feed = sum(1 for info in infos if not skip(info.name))
     fed = _Counter(pipeline.tensors())
     try:
         model_start = time.monotonic()

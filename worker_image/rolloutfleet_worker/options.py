@@ -1,7 +1,8 @@
-"""What the worker reads from its environment: the draft policy and the loader's options.
+"""What the worker reads from its environment: the draft policy, the loader's and the staging area's options.
 
-Imported by ``rolloutfleet_worker.extension`` (loads), ``rolloutfleet_worker.records`` (the warm-up) and
-``rolloutfleet_worker.push`` (whether received tensors may be hashed on the GPU). worker_image/README.md
+Imported by ``rolloutfleet_worker.extension`` (loads), ``rolloutfleet_worker.records`` (the warm-up),
+``rolloutfleet_worker.push`` (whether received tensors may be hashed on the GPU) and
+``rolloutfleet_worker.staging`` (how fast a stage may read while the engine serves). worker_image/README.md
 lists every variable; a malformed value means the default, never a crash. The loader is imported lazily,
 so this module imports without torch.
 """
@@ -26,6 +27,12 @@ GPU_HASH_ENV = "ROLLOUTFLEET_LOAD_GPU_HASH"
 UNLOCK_APART_ENV = "ROLLOUTFLEET_LOAD_UNLOCK_APART"
 BOUNCE_SHARE_ENV = "ROLLOUTFLEET_LOAD_BOUNCE_SHARE"
 BOUNCE_THREADS_ENV = "ROLLOUTFLEET_LOAD_BOUNCE_THREADS"
+STAGE_THREADS_ENV = "ROLLOUTFLEET_STAGE_THREADS"
+STAGE_GBPS_ENV = "ROLLOUTFLEET_STAGE_GBPS"
+
+# Staging runs while the engine serves: a few reader threads leave the host's cores to the engine's
+# scheduler and tokenizers (the loader's defaults take most of the cores, inside a pause).
+DEFAULT_STAGE_THREADS = 4
 
 
 def draft_policy() -> DraftPolicy:
@@ -70,6 +77,20 @@ def load_options(pin: bool, world_size: int = 1, sample: Path | None = None, *, 
         bounce_threads=_positive_env(BOUNCE_THREADS_ENV) or defaults.bounce_threads,
         roots=paths.weight_roots(),
     )
+
+
+def stage_threads() -> int:
+    """Reader threads of a stage, and the most threads its host hash may use (``ROLLOUTFLEET_STAGE_THREADS``)."""
+    return _positive_env(STAGE_THREADS_ENV) or DEFAULT_STAGE_THREADS
+
+
+def stage_gbps() -> float:
+    """The stage's read bandwidth cap in GB/s (10^9 B/s; ``ROLLOUTFLEET_STAGE_GBPS``); 0: uncapped."""
+    try:
+        value = float(os.environ.get(STAGE_GBPS_ENV, "").strip())
+    except ValueError:
+        return 0.0
+    return value if value > 0 and value != float("inf") else 0.0
 
 
 def flag_env(name: str, default: bool = False) -> bool:

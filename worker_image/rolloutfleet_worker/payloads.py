@@ -30,6 +30,9 @@ ErrorCode = Literal[
     "abandoned",  # the operator gave the session up (the trainer did not send in time)
     "no_session",  # push_end without an open session
     "invalid_group",  # push_group with a malformed membership
+    # staged updates (docs/staging.md)
+    "not_staged",  # a staged load without a finished stage of that revision and path
+    "staged_mismatch",  # the bytes that reached the GPU do not hash to the staged digest
 ]
 Target = Literal["verifier", "draft"]
 DraftPolicy = Literal["coUpdate", "frozen"]
@@ -55,6 +58,7 @@ class LoadResult(TypedDict):
     seconds: float
     tensors: int
     skipped: list[str]
+    staged: bool  # committed from the staging area (pinned host memory) instead of read from the files
 
 
 class PushBeginResult(TypedDict):
@@ -124,6 +128,49 @@ class PushGroupResult(TypedDict):
     epoch: int
 
 
+StagePhase = Literal["staging", "staged", "failed", "over_budget"]
+
+
+class StagedTarget(TypedDict):
+    """One checkpoint of a stage (docs/staging.md)."""
+
+    path: str
+    digest: str | None  # of the staged bytes, every tensor of the checkpoint (docs/digest.md); None until staged
+    bytes: int  # the checkpoint's tensor bytes
+    tensors: int
+    committed: bool  # loaded into the model from this stage
+
+
+class StageState(TypedDict):
+    """The staging area (``rolloutfleet_state().staged``): the next revision's checkpoints in pinned host memory.
+
+    ``staging``: reader threads are filling it while the engine serves; ``staged``: every byte is in host
+    memory and hashed, a staged load may commit it; ``failed``: the checkpoint could not be staged (``error``
+    says why, with the load's codes), nothing is held; ``over_budget``: the checkpoints need more than
+    ``limit_bytes``, nothing was allocated and loads read the files as without staging.
+    """
+
+    revision: int
+    phase: StagePhase
+    verifier: StagedTarget
+    draft: StagedTarget | None
+    bytes_total: int
+    bytes_done: int
+    limit_bytes: int | None
+    seconds: float  # staging time so far (final once staged or failed)
+    error: ErrorBody | None
+
+
+class StageResult(TypedDict):
+    ok: Literal[True]
+    stage: StageState
+
+
+class UnstageResult(TypedDict):
+    ok: Literal[True]
+    released_bytes: int
+
+
 class StateResult(TypedDict):
     ok: Literal[True]
     resident: bool
@@ -135,6 +182,7 @@ class StateResult(TypedDict):
     rank: int
     session: SessionState | None
     group: GroupState | None  # None until the operator records a join; a new process has none
+    staged: StageState | None  # None: nothing staged (never, released after its commit, or unstaged)
 
 
 def fail(code: ErrorCode, message: str) -> Failure:

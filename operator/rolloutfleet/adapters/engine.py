@@ -12,8 +12,9 @@ connect has a bound of its own (``EngineTimeouts.connect``): a pod IP that never
 load that is still running. Loads also send vLLM's own RPC ``timeout``, a little below the HTTP deadline,
 so the engine gives up and answers before the client does.
 
-Retries: only idempotent calls (GETs, the ``rolloutfleet_state`` RPC, the parity probe) are retried, with
-exponential backoff and full jitter, on unreachable/502/503/504 while their deadline lasts. A
+Retries: only idempotent calls (GETs, the ``rolloutfleet_state`` RPC, the pre-flight, the parity probe,
+and staging's ``rolloutfleet_stage``/``rolloutfleet_unstage``, which an engine answers alike when re-sent)
+are retried, with exponential backoff and full jitter, on unreachable/502/503/504 while their deadline lasts. A
 state-changing call (pause, sleep, load...) is sent once: after a lost answer only a fresh ``observe()``
 can tell whether it happened, which is what the level-based planner does anyway. A load whose outcome is
 unknown (its HTTP call timed out, was cancelled, lost its connection or got a 5xx) blocks the next load to
@@ -284,16 +285,68 @@ class EngineClient:
     # --- our worker extension -------------------------------------------------------------------
 
     async def load(
-        self, target: api.Target | str, path: str, revision: int, *, deadline: float | None = None
+        self,
+        target: api.Target | str,
+        path: str,
+        revision: int,
+        *,
+        staged: bool = False,
+        deadline: float | None = None,
     ) -> api.LoadResult:
         """Load ``target`` in place from the safetensors directory ``path``; the draft only after the verifier.
 
-        Raises ``LoadOutcomeUnknown`` without sending anything while an earlier load's outcome is unknown.
+        ``staged=True`` commits the engine's stage instead of reading the files (docs/staging.md): refused
+        with ``not_staged`` (nothing changed) unless the stage is ``staged`` for ``revision`` with ``path``
+        for ``target``, and ``staged_mismatch`` when what reached the GPU does not hash to the staged digest.
+        The argument is sent only when true, so an image without staging still takes every plain load.
+        Raises ``LoadOutcomeUnknown`` without sending anything while an earlier load's outcome is unknown
+        (a commit changes the weights like any load, so it is guarded alike).
         """
         step = f"rolloutfleet_load:{target}"
-        kwargs = {"target": str(target), "path": path, "revision": revision}
+        kwargs: dict[str, Any] = {"target": str(target), "path": path, "revision": revision}
+        if staged:
+            kwargs["staged"] = True
         results = await self._load_rpc("rolloutfleet_load", kwargs, step, deadline)
         return wire.load_result_from_wire(results, url=self.base_url, step=step)
+
+    async def stage(
+        self,
+        revision: int,
+        verifier_path: str,
+        draft_path: str | None = None,
+        limit_bytes: int | None = None,
+        *,
+        deadline: float | None = None,
+    ) -> api.StageState:
+        """Start staging ``revision``'s checkpoints into the engine's pinned host memory (docs/staging.md).
+
+        Answers at once with the stage's state, usually ``staging``: the engine reads and hashes in the
+        background while it serves, and ``observe().staged`` reports the progress. ``failed`` (a corrupt
+        header, code ``io``) and ``over_budget`` (more than ``limit_bytes``: nothing held, loads read the
+        files) can come back at once. Argument errors raise ``EngineRPCError`` with the load's codes
+        (``invalid_revision``, ``invalid_path``, ``no_draft``). The same revision and paths as the stage
+        held answer that stage unchanged, so this is idempotent and retried like a state read; anything
+        else replaces the stage. Every rank must hold the same stage (``EngineInconsistent`` otherwise).
+        """
+        step = "rolloutfleet_stage"
+        kwargs = {
+            "revision": revision,
+            "verifier_path": verifier_path,
+            "draft_path": draft_path,
+            "limit_bytes": limit_bytes,
+        }
+        results = await self.collective_rpc(step, kwargs=kwargs, idempotent=True, http_timeout=deadline)
+        return wire.stage_result_from_wire(results, url=self.base_url, step=step)
+
+    async def unstage(self, *, deadline: float | None = None) -> int:
+        """Stop the engine's stage readers and release its staging area; the bytes released (all ranks).
+
+        Idempotent (a second call releases nothing) and retried like a state read. For a fleet that turned
+        staging off, and for a stage of a revision that is no longer the goal.
+        """
+        step = "rolloutfleet_unstage"
+        results = await self.collective_rpc(step, idempotent=True, http_timeout=deadline)
+        return wire.released_bytes_from_wire(results, url=self.base_url, step=step)
 
     async def restore_draft(self, path: str, *, deadline: float | None = None) -> api.LoadResult:
         """Restore a ``frozen`` draft after a level-2 sleep (its revision stays None). Guarded like ``load``."""

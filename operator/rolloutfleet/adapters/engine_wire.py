@@ -12,13 +12,19 @@ reconciler can map them to kopf's temporary/permanent errors in one place:
 - :class:`EngineProtocolError` — a 2xx answer whose body does not follow the contract.
 - :class:`LoadOutcomeUnknown` — refused locally: an earlier load to this engine may still be running.
 
-The parsers (``agreeing``, ``states_from_wire``, ``load_result_from_wire``, ``state_from_wire``) turn RPC
+The parsers (``agreeing``, ``states_from_wire``, ``load_result_from_wire``, ``state_from_wire``,
+``stage_from_wire``/``stage_of_ranks``, ``stage_result_from_wire``, ``released_bytes_from_wire``) turn RPC
 results into ``api.engine`` values or raise the errors above; ``fault_of`` says which ``EngineFault`` an
 error means for an observation. No I/O here.
+
+Fields added after the first images (``mapped``, ``destroyed``, ``session``, ``group``, ``staged`` in a
+state, ``staged`` in a load result) may be absent: an older image does not have them, and their absence
+reads as "not known" or "none", never as a protocol error.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any, Literal, NotRequired, TypedDict, cast
@@ -66,6 +72,30 @@ class GroupWire(TypedDict):
     world_size: int
 
 
+class StagedTargetWire(TypedDict):
+    """One checkpoint of a stage (docs/staging.md)."""
+
+    path: str
+    digest: str | None  # None until every byte is staged and hashed
+    bytes: int
+    tensors: int
+    committed: bool
+
+
+class StageWire(TypedDict):
+    """The staging area (``rolloutfleet_state().staged``, ``rolloutfleet_stage``'s ``stage``)."""
+
+    revision: int
+    phase: str  # staging | staged | failed | over_budget
+    verifier: StagedTargetWire
+    draft: StagedTargetWire | None
+    bytes_total: int
+    bytes_done: int
+    limit_bytes: int | None
+    seconds: float
+    error: ExtensionError | None
+
+
 class StateResult(TypedDict):
     """``rolloutfleet_state()`` on one rank."""
 
@@ -79,6 +109,7 @@ class StateResult(TypedDict):
     rank: int
     session: NotRequired[SessionWire | None]
     group: NotRequired[GroupWire | None]  # absent from extensions without NCCL groups: none
+    staged: NotRequired[StageWire | None]  # absent from extensions without staging: nothing staged
     error: NotRequired[ExtensionError]
 
 
@@ -94,6 +125,7 @@ class LoadResultWire(TypedDict):
     seconds: float
     tensors: int
     skipped: list[str]
+    staged: NotRequired[bool]  # absent from extensions without staging: read from the files
     error: NotRequired[ExtensionError]
 
 
@@ -212,8 +244,12 @@ def states_from_wire(results: list[Any], *, url: str) -> list[StateResult]:
         try:
             _session(result.get("session"))
             _group(result.get("group"))
+            stage_from_wire(result.get("staged"))
         except (KeyError, ValueError, TypeError) as exc:
-            raise EngineProtocolError(f"rank {rank}: malformed session or group: {exc}", url=url, step=step) from exc
+            raise EngineProtocolError(
+                f"rank {rank}: malformed session, group or stage: {exc}", url=url, step=step
+            ) from exc
+    stage_of_ranks([r.get("staged") for r in checked], url=url, step=step)  # the ranks' stages agree
     return cast(list[StateResult], checked)
 
 
@@ -231,9 +267,124 @@ def load_result_from_wire(results: list[Any], *, url: str, step: str) -> api.Loa
             seconds=float(first["seconds"]),
             tensors=int(first["tensors"]),
             skipped=tuple(first.get("skipped") or ()),
+            staged=_flag(first.get("staged", False)),
         )
     except (KeyError, ValueError, TypeError) as exc:
         raise EngineProtocolError(f"malformed load result: {first!r}", url=url, step=step) from exc
+
+
+def stage_from_wire(raw: Any) -> api.StageState | None:
+    """One rank's stage (None: nothing staged); a malformed one raises ValueError, TypeError or KeyError.
+
+    Strict where the operator acts on a field: the revision and sizes are non-negative integers, the phase
+    one of the contract's, and a ``staged`` stage names the digest of every checkpoint (the operator
+    compares them before any pod pauses; a staged stage without them could never be checked).
+    """
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise TypeError(f"stage is not an object: {_short(raw, 200)}")
+    phase = api.StagePhase(raw["phase"])
+    verifier = _staged_target(raw["verifier"])
+    draft = None if raw.get("draft") is None else _staged_target(raw["draft"])
+    if phase == api.StagePhase.STAGED and (verifier.digest is None or (draft is not None and draft.digest is None)):
+        raise ValueError("a staged stage without the digest of every checkpoint")
+    limit, error = raw.get("limit_bytes"), raw.get("error")
+    if error is not None and not isinstance(error, dict):
+        raise TypeError(f"stage error is not an object: {error!r}")
+    seconds = raw.get("seconds", 0.0)
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+        raise TypeError(f"seconds must be a non-negative number, got {seconds!r}")
+    return api.StageState(
+        revision=_count(raw["revision"]),
+        phase=phase,
+        verifier=verifier,
+        draft=draft,
+        bytes_total=_count(raw["bytes_total"]),
+        bytes_done=_count(raw["bytes_done"]),
+        limit_bytes=None if limit is None else _count(limit),
+        seconds=float(seconds),
+        error_code=None if error is None else str(error.get("code", "unknown")),
+        error_message=None if error is None else str(error.get("message", "")),
+    )
+
+
+# How the ranks' phases combine: the engine's stage is no further than its slowest rank.
+_PHASE_ORDER = (api.StagePhase.FAILED, api.StagePhase.OVER_BUDGET, api.StagePhase.STAGING, api.StagePhase.STAGED)
+
+
+def stage_of_ranks(raws: list[Any], *, url: str, step: str) -> api.StageState | None:
+    """The engine's stage from every rank's (each checked by ``stage_from_wire``; malformed:
+    ``EngineProtocolError``), or ``EngineInconsistent`` when the ranks hold different stages.
+
+    Ranks must agree on what is staged: all or none have a stage, of the same revision, paths and limit,
+    with the same commits, and every digest known on two ranks equal. They may differ in progress: each
+    rank's readers run at their own pace, so one rank still ``staging`` while another is ``staged`` is no
+    disagreement (failing the observation then would stop a healthy rollout). The engine's phase is the
+    least advanced rank's (``failed`` before ``over_budget`` before ``staging`` before ``staged``), with
+    that rank's error; a digest is the engine's only once every rank has it; bytes done are the slowest
+    rank's, seconds the slowest's.
+    """
+    try:
+        stages = [stage_from_wire(raw) for raw in raws]
+    except (KeyError, ValueError, TypeError) as exc:
+        raise EngineProtocolError(f"malformed stage: {exc}", url=url, step=step) from exc
+    present = [s for s in stages if s is not None]
+    if not present:
+        return None
+
+    def disagree(what: str) -> EngineInconsistent:
+        return EngineInconsistent(
+            f"{len(raws)} ranks disagree about the stage: {what}", results=raws, url=url, step=step
+        )
+
+    if len(present) != len(stages):
+        missing = [rank for rank, s in enumerate(stages) if s is None]
+        raise disagree(f"ranks {missing} have none")
+    identity = {(s.revision, s.limit_bytes, *_stage_targets(s, lambda t: (t.path, t.committed))) for s in present}
+    if len(identity) > 1:
+        raise disagree(f"{sorted(identity, key=str)}")
+    for which in ("verifier", "draft"):
+        digests = {d for s in present if (d := _staged_digest(s, which)) is not None}
+        if len(digests) > 1:
+            raise disagree(f"{which} digests {sorted(digests)}")
+    slowest = min(present, key=lambda s: _PHASE_ORDER.index(s.phase))
+
+    def combined(which: str) -> api.StagedTarget | None:
+        target = slowest.verifier if which == "verifier" else slowest.draft
+        if target is None:
+            return None
+        digests = [_staged_digest(s, which) for s in present]
+        return dataclasses.replace(target, digest=None if None in digests else digests[0])
+
+    verifier = combined("verifier")
+    assert verifier is not None
+    return dataclasses.replace(
+        slowest,
+        verifier=verifier,
+        draft=combined("draft"),
+        bytes_done=min(s.bytes_done for s in present),
+        seconds=max(s.seconds for s in present),
+    )
+
+
+def stage_result_from_wire(results: list[Any], *, url: str, step: str) -> api.StageState:
+    """``rolloutfleet_stage``'s results: every rank ok (else ``EngineRPCError`` with the extension's code),
+    each with a stage, the ranks agreeing (``stage_of_ranks``)."""
+    checked = agreeing(results, url=url, step=step, key=lambda r: None)
+    stage = stage_of_ranks([r.get("stage") for r in checked], url=url, step=step)
+    if stage is None:
+        raise EngineProtocolError(f"a stage answer without a stage: {_short(checked[0], 200)}", url=url, step=step)
+    return stage
+
+
+def released_bytes_from_wire(results: list[Any], *, url: str, step: str) -> int:
+    """``rolloutfleet_unstage``'s results: the pinned host memory every rank released, together."""
+    checked = agreeing(results, url=url, step=step, key=lambda r: None)
+    try:
+        return sum(_count(r["released_bytes"]) for r in checked)
+    except (KeyError, TypeError) as exc:
+        raise EngineProtocolError(f"malformed unstage result: {_short(checked[0], 200)}", url=url, step=step) from exc
 
 
 def fault_of(exc: EngineError) -> api.EngineFault:
@@ -315,6 +466,7 @@ def state_from_wire(
         draft_method=first.get("draft_method"),
         shared_tensors=tuple(first.get("shared_tensors") or ()),
         ranks=len(states),
+        staged=stage_of_ranks([s.get("staged") for s in states], url="", step="rolloutfleet_state"),
     )
 
 
@@ -334,6 +486,45 @@ def _session(raw: Any) -> api.PushSession | None:
         bytes=int(raw.get("bytes") or 0),
         error=None if error is None else str(error),
     )
+
+
+def _staged_target(raw: Any) -> api.StagedTarget:
+    if not isinstance(raw, dict):
+        raise TypeError(f"staged checkpoint is not an object: {_short(raw, 200)}")
+    path, digest = raw["path"], raw.get("digest")
+    if not isinstance(path, str) or not path:
+        raise TypeError(f"staged path must be a non-empty string, got {path!r}")
+    if digest is not None and not isinstance(digest, str):
+        raise TypeError(f"staged digest must be a string or null, got {digest!r}")
+    return api.StagedTarget(
+        path=path,
+        digest=digest,
+        bytes=_count(raw["bytes"]),
+        tensors=_count(raw["tensors"]),
+        committed=_flag(raw.get("committed", False)),
+    )
+
+
+def _stage_targets(stage: api.StageState, part: Callable[[api.StagedTarget], Any]) -> tuple[Any, Any]:
+    return part(stage.verifier), None if stage.draft is None else part(stage.draft)
+
+
+def _staged_digest(stage: api.StageState, which: str) -> str | None:
+    target = stage.verifier if which == "verifier" else stage.draft
+    return None if target is None else target.digest
+
+
+def _count(value: Any) -> int:
+    """A non-negative integer of the wire (a bool is no count)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TypeError(f"expected a non-negative integer, got {value!r}")
+    return value
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected a boolean, got {value!r}")
+    return value
 
 
 def _group(raw: Any) -> api.GroupMembership | None:

@@ -91,6 +91,42 @@ class GroupMembership:
     world_size: int  # the group's, trainer included
 
 
+class StagePhase(enum.StrEnum):
+    """Where an engine's staging area stands (docs/staging.md)."""
+
+    STAGING = "staging"  # reader threads fill it while the engine serves
+    STAGED = "staged"  # every byte in host memory and hashed: a staged load may commit it
+    FAILED = "failed"  # the checkpoint could not be staged; nothing is held
+    OVER_BUDGET = "over_budget"  # the checkpoints exceed the limit; nothing is held, loads read the files
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StagedTarget:
+    """One checkpoint of a stage: ``digest`` of the staged bytes (None until staged)."""
+
+    path: str
+    digest: str | None = None
+    bytes: int = 0
+    tensors: int = 0
+    committed: bool = False  # loaded into the model from the stage
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StageState:
+    """The next revision's checkpoints in the engine's pinned host memory (``rolloutfleet_state().staged``)."""
+
+    revision: int
+    phase: StagePhase
+    verifier: StagedTarget
+    draft: StagedTarget | None = None
+    bytes_total: int = 0
+    bytes_done: int = 0
+    limit_bytes: int | None = None
+    seconds: float = 0.0
+    error_code: str | None = None
+    error_message: str | None = None
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class EngineState:
     """One snapshot of one engine. ``reachable=False`` means every other field is a default, not a fact."""
@@ -114,6 +150,7 @@ class EngineState:
     session: PushSession | None = None  # an open weight-transfer session (pushed revisions)
     instance: str | None = None  # the engine process that answered (admission names it; None: not named)
     group: GroupMembership | None = None  # NCCL: the transfer group this process joined (None: none)
+    staged: StageState | None = None  # the engine's staging area (docs/staging.md; None: nothing staged)
 
     @classmethod
     def unreachable(cls, error: str) -> EngineState:
@@ -153,6 +190,7 @@ class LoadResult:
     seconds: float
     tensors: int
     skipped: tuple[str, ...] = ()
+    staged: bool = False  # committed from the staging area instead of read from the files
 
 
 def derive_sleep_level(*, is_sleeping: bool) -> int | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import enum
+import re
 from typing import Annotated, Any
 
 import pydantic
@@ -228,6 +229,43 @@ MAX_UNAVAILABLE_RULE: JsonDict = {
 }
 
 
+# A Kubernetes quantity of bytes, binary or decimal suffix (the subset that makes sense for host memory).
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$"
+_QUANTITY_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+_QUANTITY_UNITS["Ti"] = 2**40
+
+
+def quantity_bytes(value: str) -> int:
+    """Bytes of a quantity matching ``QUANTITY_PATTERN`` (``"32Gi"`` → 34359738368); ValueError otherwise."""
+    match = re.fullmatch(QUANTITY_PATTERN, value)
+    if match is None:
+        raise ValueError(f"not a byte quantity: {value!r}")
+    unit = match.group(2) or ""
+    return int(float(value[: len(value) - len(unit)]) * _QUANTITY_UNITS[unit])
+
+
+class Staging(WireModel):
+    """Staged updates (docs/staging.md): each engine reads and hashes the next revision into pinned host memory
+    while it serves; pods pause only once every staged digest verified, and the pause holds only the commit."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Stage path revisions before any pod pauses. Off by default: the staged checkpoints live in "
+        "pinned host memory, which counts against the pod's memory limit (size the pod first: docs/staging.md).",
+    )
+    host_memory_limit: str = Field(
+        default="32Gi",
+        pattern=QUANTITY_PATTERN,
+        description="Host memory a pod may pin for one revision's verifier and draft (split evenly between its "
+        "tensor-parallel workers, each of which stages whole checkpoints). A revision that needs more is loaded "
+        "from the files as without staging, and the revision's status says so.",
+    )
+
+    @property
+    def limit_bytes(self) -> int:
+        return quantity_bytes(self.host_memory_limit)
+
+
 class UpdateStrategy(WireModel):
     """How a revision is rolled across the fleet."""
 
@@ -257,6 +295,9 @@ class UpdateStrategy(WireModel):
     canary: int = Field(default=0, ge=0, le=100000, description="Pods updated (and parity-probed) before the rest.")
     max_retries: int = Field(default=2, ge=0, le=20, description="Retries of a failed step per pod before rollback.")
     timeouts: StepTimeouts = Field(default_factory=StepTimeouts, description="Per-step timeouts.")
+    staging: Staging = Field(
+        default_factory=Staging, description="Stage revisions in host memory while serving (docs/staging.md)."
+    )
 
 
 class ParityProfile(WireModel):

@@ -181,6 +181,21 @@ class PodProgress(WireModel):
     draft_digest: str | None = Field(default=None, description="Digest the engine reports for the draft.")
     attempts: int = Field(default=0, description="Failed attempts so far.")
     message: str | None = Field(default=None, description="Last error, if any.")
+    staging: str | None = Field(
+        default=None,
+        description="Staged updates (docs/staging.md): Staging, Staged, Committed, or Fallback (loaded from the "
+        "files: the checkpoints exceed the staging limit).",
+    )
+
+
+class StagingStatus(WireModel):
+    """How the revision's bytes reached the pods when the fleet stages (docs/staging.md)."""
+
+    pods_staged: int = Field(default=0, description="Pods that staged the revision in host memory.")
+    pods_fallback: int = Field(
+        default=0, description="Pods that load it from the files instead: the checkpoints exceed the staging limit."
+    )
+    message: str = Field(default="", description="Why pods fall back, if any do.")
 
 
 class PodFailure(WireModel):
@@ -296,6 +311,7 @@ class WeightRevisionStatus(WireModel):
     )
     parity_probe: ParityProbeResult | None = Field(default=None, description="Result of the parity probe, if any.")
     push: PushStatus | None = Field(default=None, description="Pushed revisions: sessions open for the trainer.")
+    staging: StagingStatus | None = Field(default=None, description="Staged updates: staged and fallen-back pods.")
     failures: list[PodFailure] = Field(
         default_factory=list,
         description="Per-pod failures that made the revision roll back or fail.",

@@ -8,6 +8,7 @@ move only on flips, so rebuilding from the same observations writes nothing.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 
 from rolloutfleet.api import conditions
 from rolloutfleet.api.engine import EngineState
@@ -18,6 +19,7 @@ from rolloutfleet.api.revision import (
     PushGroupStatus,
     PushSessionStatus,
     PushStatus,
+    StagingStatus,
     StepTiming,
     WeightRevisionStatus,
 )
@@ -61,8 +63,11 @@ def progressing(
     total: int,
     rolling_back: bool,
     generation: int,
+    staging: Mapping[str, str] | None = None,
+    staging_status: StagingStatus | None = None,
 ) -> WeightRevisionStatus:
-    """The status while a pass works (also after its last round)."""
+    """The status while a pass works (also after its last round). ``staging``: what each pod's staging came
+    to, ``staging_status`` the summary (docs/staging.md; both None when the fleet does not stage)."""
     pods = []
     listed = order
     if len(order) > MAX_POD_ENTRIES:
@@ -80,6 +85,7 @@ def progressing(
                 draft_digest=state.draft.digest if state and state.draft else None,
                 attempts=attempts.get(name, 0),
                 message=messages.get(name),
+                staging=(staging or {}).get(name),
             )
         )
     updated = 0 if rolling_back else sum(1 for d in decisions.values() if d.step == Step.DONE)
@@ -121,6 +127,7 @@ def progressing(
             "pods": pods,
             "timings": _timings(durations) or old.timings,
             "conditions": conds,
+            "staging": staging_status if staging_status is not None else old.staging,
         }
     )
 

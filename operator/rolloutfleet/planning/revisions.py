@@ -95,7 +95,21 @@ class Selection:
 def _goal(fleet: RolloutFleetSpec, source: Revision | Served | None, mode: UpdateMode) -> Goal:
     goal = dataclasses.replace(_paths(fleet, source, mode), reset_prefix_cache=prefix_caching_on(fleet))
     method = fleet.draft.method
-    return dataclasses.replace(goal, draft_method=None if method == DraftMethod.NONE else method.value)
+    return dataclasses.replace(
+        goal, draft_method=None if method == DraftMethod.NONE else method.value, stage_limit=stage_limit(fleet)
+    )
+
+
+def stage_limit(fleet: RolloutFleetSpec) -> int | None:
+    """Bytes each engine worker may stage (docs/staging.md); None: the fleet does not stage.
+
+    Every tensor-parallel worker of a pod stages whole checkpoints (each rank's ``load_weights`` takes its
+    own slices from the full tensors), so the pod's limit is split between them.
+    """
+    staging = fleet.update_strategy.staging
+    if not staging.enabled:
+        return None
+    return max(1, staging.limit_bytes // fleet.tensor_parallel_size)
 
 
 def prefix_caching_on(fleet: RolloutFleetSpec) -> bool:

@@ -4,6 +4,12 @@ Called by ``reconcile.revision`` whenever a step finished, with every pod's ``tr
 Pods already out of service always continue (leaving them paused would be worse than any budget); new
 pods are admitted while the budget allows; canaries go first; under ``AllAtOnce`` no pod resumes before
 every pod is ready to (the barrier). Load concurrency (``maxConcurrentLoads``) is enforced by the executor's semaphore.
+
+Staging (docs/staging.md) happens while pods serve, so it costs no availability: ``Stage`` steps are not
+held back by ``maxUnavailable`` (under ``Rolling`` staging runs ahead of the wave), only by
+``maxConcurrentLoads`` (stages read the same shared storage as loads). Under ``AllAtOnce`` no pod pauses
+before every pod staged and verified what it staged: a checkpoint that cannot be staged, or whose staged
+bytes do not verify, fails the revision with every pod still serving.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from collections.abc import Collection
 
 from rolloutfleet.api.fleet import RolloutType, UpdateMode, UpdateStrategy
 from rolloutfleet.api.revision import StrategyOverride
-from rolloutfleet.planning.transaction import ACTIONS, Decision, Step
+from rolloutfleet.planning.transaction import ACTIONS, IN_SERVICE_STEPS, STAGING_STEPS, Decision, Step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +63,8 @@ UNAVAILABLE_VERDICTS = frozenset({Step.UNREACHABLE, Step.ENGINE_ERROR, Step.ENGI
 
 
 def out_of_service(decision: Decision) -> bool:
-    """The pod is paused or asleep for this transaction (it needs no PAUSE and is not done)."""
-    return decision.step not in (Step.DONE, Step.PAUSE) and decision.step not in UNAVAILABLE_VERDICTS
+    """The pod is paused or asleep for this transaction (it still serves before its PAUSE, while it stages)."""
+    return decision.step != Step.DONE and decision.step not in IN_SERVICE_STEPS | UNAVAILABLE_VERDICTS
 
 
 def is_unavailable(name: str, decision: Decision, not_ready: Collection[str]) -> bool:
@@ -96,13 +102,27 @@ def admit(
     barrier_open = all(
         decisions[p].step in (Step.DONE, Step.RESUME) for p in order if p in decisions and p not in canaries
     )
+    # AllAtOnce: nobody pauses while any pod still stages (or failed to): the pause holds only commits.
+    staged_all = plan.rollout != RolloutType.ALL_AT_ONCE or not any(
+        decisions[p].step in STAGING_STEPS for p in order if p in decisions
+    )
+    staging = sum(
+        1 for name, d in decisions.items() if d.step == Step.AWAIT_STAGE or (name in inflight and d.step == Step.STAGE)
+    )
+    stage_limit = plan.max_concurrent_loads or len(order)
     chosen: dict[str, Decision] = {}
     for name in order:
         decision = decisions.get(name)
         if decision is None or decision.step not in ACTIONS or name in inflight:
             continue
         is_canary = name in canaries
-        if decision.step == Step.PAUSE and name not in not_ready:
+        if decision.step == Step.STAGE:
+            if staging >= stage_limit:
+                continue
+            staging += 1
+        elif decision.step == Step.PAUSE and not staged_all:
+            continue
+        elif decision.step == Step.PAUSE and name not in not_ready:
             if not is_canary and not canaries_done:
                 continue
             if busy >= limit:

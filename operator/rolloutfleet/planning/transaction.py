@@ -10,6 +10,12 @@ Mode ``sleep``:    pause(keep) → sleep(2) → wake(weights) → load verifier 
 Mode ``inflight``: pause(keep) → load verifier → load draft → verify → set weight version →
                    [reset prefix cache + resume]
 
+Staged goals (docs/staging.md, the fleet stages path revisions): while the pod still serves, the engine
+stages the revision into host memory (``Stage`` → ``AwaitStage``) and the staged digests are checked
+(``StageFailed``/``StageMismatch`` verdicts come before any pause); only then ``Pause``, and the loads become
+commits from the staging area (``CommitVerifier``/``CommitDraft``). A stage over the fleet's limit falls back
+to the loads above; a stage of another revision left on a pod at its goal is released (``Unstage``).
+
 Pushed targets (docs/push.md) take a weight-transfer session instead of a load: open the session
 (``OpenVerifierSession``/``OpenDraftSession``) → wait for the trainer (``AwaitPush``) → end it
 (``EndSession``: finish, digest, every parameter received) — or, past the push deadline or on the
@@ -34,6 +40,8 @@ from rolloutfleet.api.engine import (
     GroupMembership,
     LoadResult,
     PushSession,
+    StagePhase,
+    StageState,
     Target,
     TargetState,
 )
@@ -58,6 +66,10 @@ class Step(enum.StrEnum):
     END_SESSION = "EndSession"
     ABANDON_SESSION = "AbandonSession"
     RESTART_POD = "RestartPod"
+    STAGE = "Stage"  # staging: read and hash the revision into host memory while the pod serves
+    UNSTAGE = "Unstage"  # release a stage that cannot be used (mismatching, or of another revision)
+    COMMIT_VERIFIER = "CommitVerifier"  # load the verifier from the staging area (in the pause)
+    COMMIT_DRAFT = "CommitDraft"
     DONE = "Done"
     AWAIT_PUSH = "AwaitPush"  # a session waits for the trainer, or a pushed goal waits for the next one
     VERIFY_FAILED = "VerifyFailed"
@@ -65,6 +77,9 @@ class Step(enum.StrEnum):
     ENGINE_MISMATCH = "EngineMismatch"  # the engine is not the pair the fleet declares: no step can fix it
     NO_RENDEZVOUS = "NoRendezvous"  # NCCL: the trainer did not publish where to join its group in time
     ENGINE_ERROR = "EngineError"  # the engine answered, but not usably (401, a malformed body, an RPC error)
+    AWAIT_STAGE = "AwaitStage"  # the engine is staging the revision (still serving)
+    STAGE_FAILED = "StageFailed"  # the engine could not stage the revision's checkpoints
+    STAGE_MISMATCH = "StageMismatch"  # the staged bytes do not hash to the revision's (or the majority's) digest
 
 
 ACTIONS = frozenset(
@@ -83,9 +98,19 @@ ACTIONS = frozenset(
         Step.END_SESSION,
         Step.ABANDON_SESSION,
         Step.RESTART_POD,
+        Step.STAGE,
+        Step.UNSTAGE,
+        Step.COMMIT_VERIFIER,
+        Step.COMMIT_DRAFT,
     }
 )
+# Loads read the checkpoint files (``maxConcurrentLoads`` protects shared storage from them); a commit reads
+# pinned host memory only, so it is not one of them.
 LOAD_STEPS = frozenset({Step.LOAD_VERIFIER, Step.LOAD_DRAFT, Step.RESTORE_DRAFT})
+COMMIT_STEPS = frozenset({Step.COMMIT_VERIFIER, Step.COMMIT_DRAFT})
+# Steps and verdicts of the staging that precedes the pause: the pod still serves through all of them.
+STAGING_STEPS = frozenset({Step.STAGE, Step.UNSTAGE, Step.AWAIT_STAGE, Step.STAGE_FAILED, Step.STAGE_MISMATCH})
+IN_SERVICE_STEPS = STAGING_STEPS | {Step.PAUSE}
 SESSION_STEPS = frozenset(
     {Step.JOIN_GROUP, Step.OPEN_VERIFIER_SESSION, Step.OPEN_DRAFT_SESSION, Step.END_SESSION, Step.ABANDON_SESSION}
 )
@@ -147,6 +172,7 @@ class Goal:
     reset_prefix_cache: bool = False  # prefix caching is on: a cache must not serve KV of old weights
     draft_method: str | None = None  # the fleet's speculative method; None: the fleet runs without a draft
     push: PushMarks = PushMarks()  # pushed targets only: the trainer's marks and the session rules
+    stage_limit: int | None = None  # the fleet stages (docs/staging.md): bytes each worker may pin; None: off
 
     @property
     def pushed(self) -> bool:
@@ -162,6 +188,11 @@ class Goal:
     def expects_draft(self) -> bool:
         """The pair includes a draft: the fleet declares a method, or a draft checkpoint to hold."""
         return self.draft_method is not None or self.co_updates_draft or self.frozen_draft_path is not None
+
+    @property
+    def stages(self) -> bool:
+        """The goal's checkpoints are staged before the pause (staging on, and a verifier path to stage)."""
+        return self.stage_limit is not None and self.verifier_path is not None
 
     @property
     def weight_version(self) -> str:
@@ -268,9 +299,12 @@ def next_step(goal: Goal, state: EngineState) -> Decision:
         return Decision(Step.ENGINE_MISMATCH, mismatch)
     in_service = not state.paused and not state.sleeping
     if state.session is None and not state.destroyed and at_goal(goal, state):
+        if in_service and stale_stage(goal, state.staged):
+            assert state.staged is not None
+            return Decision(Step.UNSTAGE, f"release the stage of revision {state.staged.revision}: nothing will use it")
         return Decision(Step.DONE if in_service else Step.RESUME, "loaded and verified")
     if in_service:
-        return Decision(Step.PAUSE, "serving other weights")
+        return _before_pause(goal, state.staged) or Decision(Step.PAUSE, "serving other weights")
     if state.session is not None:
         return _session_step(goal, state.session)
     if state.destroyed:
@@ -285,14 +319,81 @@ def next_step(goal: Goal, state: EngineState) -> Decision:
             return Decision(Step.WAKE_WEIGHTS, "weights asleep: map them before the load")
         if goal.verifier_pushed:
             return _open(goal, Step.OPEN_VERIFIER_SESSION, f"verifier holds revision {state.verifier.revision}", state)
+        if committable(goal, state.staged, Target.VERIFIER):
+            return Decision(Step.COMMIT_VERIFIER, f"verifier holds revision {state.verifier.revision}; staged")
         return Decision(Step.LOAD_VERIFIER, f"verifier holds revision {state.verifier.revision}")
     if not draft_ok(goal, state):
         if goal.frozen_draft_path is not None:
             return Decision(Step.RESTORE_DRAFT, "frozen draft discarded by the sleep")
         if goal.draft_pushed:
             return _open(goal, Step.OPEN_DRAFT_SESSION, "verifier verified; draft behind", state)
+        if committable(goal, state.staged, Target.DRAFT):
+            return Decision(Step.COMMIT_DRAFT, "verifier verified; draft behind; staged")
         return Decision(Step.LOAD_DRAFT, "verifier verified; draft behind")
     return Decision(Step.SET_VERSION, f"weight version {state.weight_version!r}")
+
+
+def stage_for(goal: Goal, stage: StageState | None) -> bool:
+    """The engine's stage holds (or is filling with) the goal's checkpoints, under the goal's limit."""
+    if stage is None or not goal.stages or stage.revision != goal.revision:
+        return False
+    if stage.verifier.path != goal.verifier_path or (stage.draft.path if stage.draft else None) != goal.draft_path:
+        return False
+    # A fallback decided under another limit is decided again (the fleet's limit was changed meanwhile).
+    return stage.phase != StagePhase.OVER_BUDGET or stage.limit_bytes == goal.stage_limit
+
+
+def staged_mismatch(goal: Goal, stage: StageState) -> str | None:
+    """Why the staged bytes are not the goal's (the expected digests: pinned, or the pods' majority)."""
+    pairs = [(Target.VERIFIER, stage.verifier, goal.verifier_digest)]
+    if stage.draft is not None:
+        pairs.append((Target.DRAFT, stage.draft, goal.draft_digest))
+    for target, staged, expected in pairs:
+        if expected is not None and staged.digest is not None and staged.digest != expected:
+            return f"staged {target.value} digest {staged.digest} != expected {expected}"
+    return None
+
+
+def stale_stage(goal: Goal, stage: StageState | None) -> bool:
+    """A stage holding host memory that no commit toward ``goal`` will use: release it."""
+    if stage is None or stage.phase not in (StagePhase.STAGING, StagePhase.STAGED):
+        return False
+    return not stage_for(goal, stage)
+
+
+def _before_pause(goal: Goal, stage: StageState | None) -> Decision | None:
+    """While the pod serves: what staging still has to do before it may pause (None: pause)."""
+    if not goal.stages:
+        return None
+    if stage is None or not stage_for(goal, stage):
+        return Decision(Step.STAGE, f"stage revision {goal.revision} in host memory while serving")
+    if stage.phase == StagePhase.STAGING:
+        return Decision(
+            Step.AWAIT_STAGE,
+            f"staging revision {goal.revision}: {stage.bytes_done / 1e9:.2f}/{stage.bytes_total / 1e9:.2f} GB",
+        )
+    if stage.phase == StagePhase.FAILED:
+        return Decision(Step.STAGE_FAILED, f"{stage.error_code or 'failed'}: {stage.error_message or 'no detail'}")
+    if stage.phase == StagePhase.OVER_BUDGET:
+        return None  # fallback: the loads read the files in the pause, as without staging
+    mismatch = staged_mismatch(goal, stage)
+    return Decision(Step.STAGE_MISMATCH, mismatch) if mismatch is not None else None
+
+
+def committable(goal: Goal, stage: StageState | None, target: Target) -> bool:
+    """``target`` can be committed from the stage: staged for the goal, verified, not committed yet."""
+    if stage is None or stage.phase != StagePhase.STAGED or not stage_for(goal, stage):
+        return False
+    staged = stage.verifier if target == Target.VERIFIER else stage.draft
+    return staged is not None and not staged.committed and staged_mismatch(goal, stage) is None
+
+
+def stage_eta(stage: StageState) -> float | None:
+    """Seconds until a running stage should be done, from its rate so far (None: no rate yet)."""
+    if stage.phase != StagePhase.STAGING or stage.bytes_done <= 0 or stage.seconds <= 0:
+        return None
+    rate = stage.bytes_done / stage.seconds
+    return max(0.0, (stage.bytes_total - stage.bytes_done) / rate)
 
 
 def _open(goal: Goal, step: Step, why: str, state: EngineState) -> Decision:
@@ -337,8 +438,22 @@ def ready_to_resume(goal: Goal, state: EngineState) -> bool:
     return next_step(goal, state).step == Step.RESUME
 
 
+def _committed(stage: StageState | None, target: Target) -> StageState | None:
+    """The stage after ``target`` was committed from it: released after its last target (the engine frees it)."""
+    if stage is None:
+        return None
+    if target == Target.DRAFT or stage.draft is None:
+        return None
+    return dataclasses.replace(stage, verifier=dataclasses.replace(stage.verifier, committed=True))
+
+
 def acknowledged(
-    state: EngineState, step: Step, goal: Goal, load: LoadResult | None = None, group: GroupMembership | None = None
+    state: EngineState,
+    step: Step,
+    goal: Goal,
+    load: LoadResult | None = None,
+    group: GroupMembership | None = None,
+    stage: StageState | None = None,
 ) -> EngineState:
     """The engine's state after it acknowledged ``step`` with a success (HTTP 200 / an ok RPC result).
 
@@ -346,6 +461,10 @@ def acknowledged(
     digest the extension computed over what it loaded. ``reconcile.revision`` uses this between full
     observations, and always re-reads every engine before resuming it and before calling a pod done.
     """
+    if step == Step.STAGE and stage is not None:
+        return dataclasses.replace(state, staged=stage)
+    if step == Step.UNSTAGE:
+        return dataclasses.replace(state, staged=None)
     if step == Step.PAUSE:
         return dataclasses.replace(state, paused=True, sleeping=True)
     if step == Step.SLEEP:
@@ -355,14 +474,16 @@ def acknowledged(
         )
     if step == Step.WAKE_WEIGHTS:
         return dataclasses.replace(state, mapped=True)
-    if step == Step.LOAD_VERIFIER and load is not None:
+    if step in (Step.LOAD_VERIFIER, Step.COMMIT_VERIFIER) and load is not None:
         verifier = TargetState(revision=load.revision, digest=load.digest, path=load.path, verified=True)
         resident = state.draft is None or state.draft.digest is not None
-        return dataclasses.replace(state, verifier=verifier, resident=resident)
-    if step in (Step.LOAD_DRAFT, Step.RESTORE_DRAFT) and load is not None:
+        staged = _committed(state.staged, Target.VERIFIER) if step == Step.COMMIT_VERIFIER else state.staged
+        return dataclasses.replace(state, verifier=verifier, resident=resident, staged=staged)
+    if step in (Step.LOAD_DRAFT, Step.RESTORE_DRAFT, Step.COMMIT_DRAFT) and load is not None:
         policy = state.draft.policy if state.draft is not None else None
         draft = TargetState(revision=load.revision, digest=load.digest, path=load.path, verified=True, policy=policy)
-        return dataclasses.replace(state, draft=draft, resident=True)
+        staged = _committed(state.staged, Target.DRAFT) if step == Step.COMMIT_DRAFT else state.staged
+        return dataclasses.replace(state, draft=draft, resident=True, staged=staged)
     if step == Step.SET_VERSION:
         return dataclasses.replace(state, weight_version=goal.weight_version)
     if step == Step.END_SESSION and load is not None and state.session is not None:

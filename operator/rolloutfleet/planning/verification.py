@@ -5,6 +5,9 @@ pins digests (``rolloutfleet publish`` computes them); without them, the only ev
 is disagreement. A strict majority of the pods that loaded a target at the goal's revision sets the
 reference, and the others fail verification (and are reloaded); without a strict majority nobody is
 trusted, so every loaded pod fails verification until they agree or the revision rolls back.
+
+Staged bytes (docs/staging.md) are evidence too: a pod that staged the goal's revision and has not loaded it
+yet votes with its staged digest, so a pod whose staging read something else is caught before it pauses.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import collections
 import dataclasses
 from collections.abc import Iterable
 
-from rolloutfleet.api.engine import EngineState
+from rolloutfleet.api.engine import EngineState, StagedTarget, StagePhase, Target
 from rolloutfleet.planning.transaction import Goal
 
 NO_AGREEMENT = "blake3:disagreement"  # never a real digest: fails every comparison
@@ -35,6 +38,7 @@ def with_reference_digests(goal: Goal, states: Iterable[EngineState]) -> Goal:
     updates: dict[str, str | None] = {}
     if goal.verifier_digest is None:
         seen = [s.verifier.digest for s in states if s.verifier.revision == goal.revision and s.verifier.digest]
+        seen += _staged_votes(goal, states, Target.VERIFIER)
         ref = _reference(seen)
         if ref is not None:
             updates["verifier_digest"] = ref
@@ -44,6 +48,7 @@ def with_reference_digests(goal: Goal, states: Iterable[EngineState]) -> Goal:
             for s in states
             if s.draft is not None and s.draft.revision == goal.revision and s.draft.digest
         ]
+        seen += _staged_votes(goal, states, Target.DRAFT)
         ref = _reference(seen)
         if ref is not None:
             updates["draft_digest"] = ref
@@ -60,6 +65,22 @@ def with_reference_digests(goal: Goal, states: Iterable[EngineState]) -> Goal:
         draft_digest=updates.get("draft_digest", goal.draft_digest),
         frozen_draft_digest=updates.get("frozen_draft_digest", goal.frozen_draft_digest),
     )
+
+
+def _staged_votes(goal: Goal, states: list[EngineState], target: Target) -> list[str]:
+    """Staged digests of ``target`` at the goal's revision, from pods that have not loaded it (one vote each)."""
+    votes = []
+    for s in states:
+        stage = s.staged
+        if stage is None or stage.phase != StagePhase.STAGED or stage.revision != goal.revision:
+            continue
+        held = s.verifier if target == Target.VERIFIER else s.draft
+        if held is not None and held.revision == goal.revision and held.digest:
+            continue  # loaded: it votes with what it loaded
+        staged: StagedTarget | None = stage.verifier if target == Target.VERIFIER else stage.draft
+        if staged is not None and staged.digest and not staged.committed:
+            votes.append(staged.digest)
+    return votes
 
 
 def probe_verdict(expected: list[float], observed: list[float], tolerance: float) -> tuple[float, str | None]:

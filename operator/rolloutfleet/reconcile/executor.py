@@ -13,6 +13,10 @@ again and retries it). Requests frozen by ``pause(keep)`` hold KV blocks, which 
 reset, so the reset preempts them (``reset_running_requests``): their KV came from the old weights anyway,
 and vLLM recomputes it with the new ones when they are scheduled after the resume.
 
+Staging steps (docs/staging.md): ``Stage`` only starts the engine's readers (it answers at once, with the
+stage's first state); ``Unstage`` releases the staging area; a commit is a load with ``staged=True``, under
+the load deadline like any load.
+
 Session steps (pushed weights, docs/push.md): opening brackets vLLM's ``/start_weight_update`` (or the
 draft's) with the extension's ``rolloutfleet_push_begin`` under the pass's epoch; ending calls vLLM's
 ``/finish_weight_update`` and then ``rolloutfleet_push_end``, which verifies what was received. A session
@@ -30,7 +34,7 @@ from typing import Any
 
 from rolloutfleet.adapters import engine_wire
 from rolloutfleet.adapters.engine import EngineClient
-from rolloutfleet.api.engine import GroupMembership, LoadResult, PushSession, Target
+from rolloutfleet.api.engine import GroupMembership, LoadResult, PushSession, StageState, Target
 from rolloutfleet.api.fleet import StepTimeouts
 from rolloutfleet.planning.transaction import SESSION_STEPS, Goal, Step
 
@@ -116,9 +120,10 @@ async def _session(
     raise ValueError(f"{step} is not a session step")
 
 
-async def _run(
-    engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeouts, session: SessionContext
-) -> LoadResult | None:
+Result = LoadResult | StageState | None  # a load's (commit's, session's) result, a stage's state, or nothing
+
+
+async def _run(engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeouts, session: SessionContext) -> Result:
     if step in SESSION_STEPS:
         return await _session(engine, step, goal, timeouts, session)
     pause = float(timeouts.pause_seconds)  # pause(keep) and the resume composition's reset and resume
@@ -130,12 +135,19 @@ async def _run(
         await engine.sleep(2, deadline=float(timeouts.sleep_seconds))
     elif step == Step.WAKE_WEIGHTS:
         await engine.wake_up(["weights"], deadline=wake)
-    elif step == Step.LOAD_VERIFIER:
+    elif step == Step.STAGE:
         assert goal.verifier_path is not None
-        return await engine.load(Target.VERIFIER, goal.verifier_path, goal.revision, deadline=load)
-    elif step == Step.LOAD_DRAFT:
+        return await engine.stage(goal.revision, goal.verifier_path, goal.draft_path, goal.stage_limit, deadline=pause)
+    elif step == Step.UNSTAGE:
+        await engine.unstage(deadline=pause)
+    elif step in (Step.LOAD_VERIFIER, Step.COMMIT_VERIFIER):
+        assert goal.verifier_path is not None
+        staged = step == Step.COMMIT_VERIFIER
+        return await engine.load(Target.VERIFIER, goal.verifier_path, goal.revision, staged=staged, deadline=load)
+    elif step in (Step.LOAD_DRAFT, Step.COMMIT_DRAFT):
         assert goal.draft_path is not None
-        return await engine.load(Target.DRAFT, goal.draft_path, goal.revision, deadline=load)
+        staged = step == Step.COMMIT_DRAFT
+        return await engine.load(Target.DRAFT, goal.draft_path, goal.revision, staged=staged, deadline=load)
     elif step == Step.RESTORE_DRAFT:
         assert goal.frozen_draft_path is not None
         return await engine.restore_draft(goal.frozen_draft_path, deadline=load)
@@ -154,9 +166,9 @@ async def _run(
 
 async def execute(
     engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeouts, session: SessionContext | None = None
-) -> tuple[float, LoadResult | None]:
-    """Run one step; return its duration in seconds and a load's (or a session's) result, or raise
-    ``StepError``."""
+) -> tuple[float, Result]:
+    """Run one step; return its duration in seconds and a load's (a commit's, a session's) result or a
+    stage's state, or raise ``StepError``."""
     started = time.perf_counter()
     try:
         load = await _run(engine, step, goal, timeouts, session or SessionContext())

@@ -10,6 +10,8 @@ torch or vLLM; every engine is *simulated* and says so in its names.
 - ``engine.EngineCore``: its state machine (pause/sleep/wake/load/complete/metrics) and call log.
 - ``transfer``: vLLM's weight-transfer sessions and our extension's push RPCs, over a SIMULATED transport
   (the tensors' bytes inline: no CUDA IPC, no NCCL); ``transfer_http``: vLLM's session routes.
+- ``staging``: staged updates (docs/staging.md): a background stage of the next revision's checkpoints,
+  and its commit by a staged load.
 - ``config``: ``EngineSpec``, ``Latencies``, ``FaultRule``, ``WeightsConfig`` (synthetic weights).
 - ``commands``: ``rolloutfleet sim serve``.
 """

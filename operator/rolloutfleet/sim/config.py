@@ -11,8 +11,11 @@ and the admin routes (faults at runtime). Everything is plain frozen data parsed
 A fault's ``step`` is a route name (``pause``, ``wake_up``, ``reset_prefix_cache``, ``completions``,
 ``init_weight_transfer_engine``, ``update_weights``...), an RPC name (``rolloutfleet_load``,
 ``rolloutfleet_push_begin``), or a refined key: ``wake_up:weights``, ``wake_up:kv_cache``, ``sleep:2``,
-``rolloutfleet_load:verifier``, ``rolloutfleet_load:draft``, ``rolloutfleet_push_begin:draft``; ``*``
-matches every step.
+``rolloutfleet_load:verifier``, ``rolloutfleet_load:draft``, ``rolloutfleet_push_begin:draft``,
+``rolloutfleet_load:staged`` (a staged load, i.e. a commit: docs/staging.md); ``*`` matches every step.
+Staged updates have two faults of their own: ``fail_stage`` on ``rolloutfleet_stage`` (the stage's readers
+fail: phase ``failed``, code ``io``) and ``corrupt_load`` on a staged load (the extension's check of the
+bytes that reached the GPU catches it: ``staged_mismatch``).
 
 ``EngineSpec.weight_transfer`` is vLLM's ``--weight-transfer-config`` (``{"backend": "ipc"|"nccl"}``;
 None: the flag is absent and the session routes fail as vLLM's do); ``weight_transfer_from_args`` reads
@@ -33,12 +36,15 @@ class FaultKind(enum.StrEnum):
     CRASH = "crash"  # drop the connection and stop listening; the engine restarts with fresh state
     SLOW = "slow"  # add ``delay`` seconds, then act normally
     CORRUPT_LOAD = "corrupt_load"  # the load "succeeds" but reports (and holds) a wrong digest
-    SPLIT_RANKS = "split_ranks"  # rank 1 reports a different digest than rank 0 (TP disagreement)
+    SPLIT_RANKS = "split_ranks"  # rank 1 reports a different digest (a stage: revision) than rank 0 (TP disagreement)
     # A collective with a dead peer (weight-transfer steps: ``update_weights``, ``init_weight_transfer_engine``):
     # the call blocks inside the engine core, holding it (later RPCs and session calls queue behind it), and
     # a client that gives up frees nothing. ``delay`` > 0 ends it after that many seconds as a failure
     # (vLLM's 300 s TCPStore timeout at init); 0 blocks until the engine crashes or restarts.
     HANG = "hang"
+    # ``rolloutfleet_stage``: the stage answers as usual, then its background readers fail (a file that
+    # vanished, a short read) once its simulated time is half spent: phase ``failed``, code ``io``.
+    FAIL_STAGE = "fail_stage"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -73,8 +79,10 @@ class FaultRule:
         return out
 
 
+STAGED_LOAD_KEY = "rolloutfleet_load:staged"  # the step key of a staged load (a commit), after its target's
+
 Faults = dict[FaultKind, FaultRule]
-"""The faults that fired for one step and act inside it (corrupt_load, split_ranks, hang), by kind."""
+"""The faults that fired for one step and act inside it (corrupt_load, split_ranks, hang, fail_stage), by kind."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,12 +92,21 @@ class Latencies:
     Loads take ``steps['rolloutfleet_load']`` + bytes / ``load_bytes_per_s`` (0 = instant), so a 70B
     verifier is slower than its draft, as on a GPU. ``wake_up:weights`` re-maps memory: + bytes /
     ``wake_bytes_per_s``. ``token_s`` is the time per generated token of ``/v1/completions``.
+
+    Staged updates (docs/staging.md): a stage fills its staging area in the background (the RPC answers at
+    once) in ``stage_s`` + bytes / ``stage_bytes_per_s``, then reads and hashes the real files; a staged
+    load (the commit) takes ``commit_s`` + bytes / ``commit_bytes_per_s`` *instead of* the load's latency
+    (``steps`` keys of the load included): it copies from pinned host memory instead of reading files.
     """
 
     steps: dict[str, float] = dataclasses.field(default_factory=dict)
     load_bytes_per_s: float = 0.0
     wake_bytes_per_s: float = 0.0
     token_s: float = 0.0
+    stage_s: float = 0.0
+    stage_bytes_per_s: float = 0.0
+    commit_s: float = 0.0
+    commit_bytes_per_s: float = 0.0
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Latencies:
@@ -100,7 +117,12 @@ class Latencies:
         )
 
     def fixed(self, keys: list[str]) -> float:
-        """The fixed latency of the most specific key configured (keys go from generic to specific)."""
+        """The fixed latency of the most specific key configured (keys go from generic to specific).
+
+        A staged load (``rolloutfleet_load:staged`` among its keys) is a commit: ``commit_s``, whatever the
+        load's own keys say."""
+        if STAGED_LOAD_KEY in keys:
+            return self.commit_s
         for key in reversed(keys):
             if key in self.steps:
                 return self.steps[key]
@@ -124,6 +146,9 @@ class EngineSpec:
     shared_tensors: tuple[str, ...] = ()  # tensors the draft shares with the verifier (EAGLE embed/lm_head)
     reject_while_paused: bool = True  # new requests in abort/wait pause: 503 (DESIGN §4) vs held like keep
     weight_transfer: dict[str, Any] | None = None  # --weight-transfer-config; None: the session routes fail
+    # The image's extension stages (docs/staging.md). False plays an older image: no stage RPCs (a worker
+    # AttributeError, 500), no ``staged`` in its state, and a load refuses the ``staged`` argument (500).
+    staging: bool = True
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> EngineSpec:

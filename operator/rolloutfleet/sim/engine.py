@@ -42,6 +42,13 @@ It mirrors what DESIGN.md §4 and shared/gpu/README.md record about real vLLM wi
   target refuses loads (``destroyed``, as the extension) and a load while a session is open is refused
   (``busy``); ``wake_up(tags=weights)`` takes a failed update's parameters off ``meta`` (measured: fresh
   sessions work again), while the extension's verdict stays until a restart.
+- Staged updates (``rolloutfleet.sim.staging``, docs/staging.md): ``rolloutfleet_stage`` answers at once
+  and its background reader holds no RPC lock, so serving and other RPCs go on while it reads; a staged
+  load (``rolloutfleet_load(..., staged=True)``, the commit) checks its path as a load does, then the
+  stage (``not_staged``), then obeys every order rule of a load, copies the staged bytes (not the files)
+  in ``Latencies.commit_s`` + bytes / ``commit_bytes_per_s``, and answers ``staged_mismatch`` (target left
+  unknown, stage failed) under the ``corrupt_load`` fault. Load results carry ``staged``, the state
+  carries the stage. ``EngineSpec.staging=False`` plays an older image.
 
 Every state change goes to the engine's call log with a monotonic timestamp (``EngineLog``), including
 which (verifier revision, draft revision, resident) pair generated every served token. ``until`` lets a
@@ -62,7 +69,7 @@ from typing import Any, TypeVar
 
 import blake3
 
-from rolloutfleet.sim import transfer, weights
+from rolloutfleet.sim import staging, transfer, weights
 from rolloutfleet.sim.config import EngineSpec, Latencies, WeightsConfig
 
 
@@ -144,6 +151,7 @@ class EngineCore:
         self._rid = itertools.count()
         self._parameters: dict[str, dict[str, transfer.Parameter] | None] = {}  # the models' parameters
         self.transfer = transfer.Transfer(self)
+        self.staging = staging.Staging(spec, cfg, latencies, log, self._notify)
 
     # --- read-only views ---------------------------------------------------------------------------
 
@@ -224,6 +232,7 @@ class EngineCore:
             "claimed_verifier": self.verifier.report(True),
             "claimed_draft": None if self.draft is None else self.draft.report(True),
             **self.transfer.summary(),
+            **self.staging.summary(),
             **self.pair(),
         }
 
@@ -243,6 +252,8 @@ class EngineCore:
             "session": None if self.transfer.push is None else self.transfer.push.report(),
             "group": self.transfer.group,
         }
+        if self.spec.staging:  # an older image's state has no such key
+            base["staged"] = self.staging.report()
         return [{**base, "rank": r} for r in range(self.spec.tp_size)]
 
     # --- scheduler ---------------------------------------------------------------------------------
@@ -347,10 +358,17 @@ class EngineCore:
     # --- extension RPCs ----------------------------------------------------------------------------
 
     async def rpc(
-        self, method: str, kwargs: dict[str, Any], *, corrupt: bool, split: bool, rpc_timeout: float | None = None
+        self,
+        method: str,
+        kwargs: dict[str, Any],
+        *,
+        corrupt: bool,
+        split: bool,
+        rpc_timeout: float | None = None,
+        fail_stage: bool = False,
     ) -> list[dict[str, Any]]:
         # The work runs in a task of its own: neither a client that gives up nor vLLM's RPC timeout stops it.
-        task = asyncio.ensure_future(self._rpc_serialized(method, kwargs, corrupt=corrupt))
+        task = asyncio.ensure_future(self._rpc_serialized(method, kwargs, corrupt=corrupt, fail_stage=fail_stage))
         self._rpc_tasks.add(task)
         task.add_done_callback(self._rpc_done)
         if rpc_timeout is not None and self.spec.tp_size > 1:
@@ -364,6 +382,9 @@ class EngineCore:
             other = weights.synthetic_digest("split-rank")
             if "verifier" in results[1]:
                 results[1] = {**results[1], "verifier": {**results[1]["verifier"], "digest": other}}
+            elif isinstance(results[1].get("stage"), dict):  # a stage: rank 1 holds another revision's
+                stage = results[1]["stage"]
+                results[1] = {**results[1], "stage": {**stage, "revision": stage["revision"] + 1}}
             elif "digest" in results[1]:
                 results[1] = {**results[1], "digest": other}
             else:  # a pre-flight: the ranks disagree about what the checkpoint holds
@@ -374,6 +395,7 @@ class EngineCore:
         """The engine process ends (crash, restart, removal): work still running ends with it."""
         for task in list(self._rpc_tasks):
             task.cancel()
+        self.staging.stop()
 
     async def utility(self, work: Callable[[], Awaitable[T]]) -> T:
         """One engine-core utility call (vLLM's weight-transfer routes): serialized with the RPCs, in a task
@@ -393,7 +415,9 @@ class EngineCore:
         if not task.cancelled():
             task.exception()  # retrieved: a late failure nobody waits for is not an "unhandled" error
 
-    async def _rpc_serialized(self, method: str, kwargs: dict[str, Any], *, corrupt: bool) -> list[dict[str, Any]]:
+    async def _rpc_serialized(
+        self, method: str, kwargs: dict[str, Any], *, corrupt: bool, fail_stage: bool = False
+    ) -> list[dict[str, Any]]:
         async with self._rpc_lock:  # vLLM's engine core runs one utility call at a time
             if method == "rolloutfleet_state":
                 return self.state_results()
@@ -407,6 +431,8 @@ class EngineCore:
                     return await self._load({**kwargs, "target": "draft", "restore": True}, corrupt=corrupt)
                 if method in ("rolloutfleet_push_begin", "rolloutfleet_push_end", "rolloutfleet_push_group"):
                     return await self._push(method, kwargs)
+                if method in ("rolloutfleet_stage", "rolloutfleet_unstage") and self.spec.staging:
+                    return await self._stage(method, kwargs, fail=fail_stage)
                 raise InternalError(f"AttributeError: 'Worker' object has no attribute {method!r}")
             finally:
                 self.log.add("rpc_finished", method=method)
@@ -426,6 +452,18 @@ class EngineCore:
             await self._notify()
         return [{**result, "rank": r} for r in range(self.spec.tp_size)]
 
+    async def _stage(self, method: str, kw: dict[str, Any], *, fail: bool) -> list[dict[str, Any]]:
+        """``rolloutfleet_stage`` / ``rolloutfleet_unstage`` (``rolloutfleet.sim.staging``), one result per rank."""
+        try:
+            result = (
+                await self.staging.stage_rpc(kw, fail=fail)
+                if method == "rolloutfleet_stage"
+                else self.staging.unstage()
+            )
+        except weights.LoadError as exc:
+            return [{"ok": False, "error": {"code": exc.code, "message": exc.message}}] * self.spec.tp_size
+        return [{**result, "rank": r} for r in range(self.spec.tp_size)]
+
     async def _load(self, kw: dict[str, Any], *, corrupt: bool) -> list[dict[str, Any]]:
         try:
             result = await self._load_checked(kw, corrupt=corrupt)
@@ -438,12 +476,21 @@ class EngineCore:
         target, path = kw.get("target"), kw.get("path")
         restore = bool(kw.get("restore"))
         revision = None if restore else kw.get("revision")
+        if "staged" in kw and not self.spec.staging:  # an older extension's method has no such parameter
+            raise InternalError("TypeError: rolloutfleet_load() got an unexpected keyword argument 'staged'")
         if target not in ("verifier", "draft"):
             raise weights.LoadError("invalid_target", f"target must be 'verifier' or 'draft', got {target!r}")
         if not restore and (not isinstance(revision, int) or isinstance(revision, bool) or revision < 0):
             raise weights.LoadError("invalid_revision", f"revision must be a non-negative integer, got {revision!r}")
         if not isinstance(path, str) or not path:
             raise weights.LoadError("invalid_path", "path must be a non-empty string")
+        staged = None
+        if kw.get("staged") is True:
+            # As the extension: the path is checked as for any load (the directory must still be there),
+            # then the commit is refused before any other rule, changing nothing, unless the stage holds
+            # exactly this; its bytes come from the stage, not from the files.
+            weights.check_path(path, self.cfg)
+            staged = self.staging.commit_target(str(target), path, revision)
         if restore and self.spec.draft_path and path != self.spec.draft_path:
             raise weights.LoadError("invalid_path", f"the frozen draft comes from {self.spec.draft_path!r}")
         slot = self.verifier if target == "verifier" else self.draft
@@ -466,20 +513,36 @@ class EngineCore:
         if not self.weights_awake:
             # Real vLLM would write into unmapped memory; the extension refuses first (weights_mapped).
             raise weights.LoadError("order", f"the {target} weights are not mapped (asleep): wake_up(tags=weights)")
-        weights.check_path(path, self.cfg)
+        if staged is None:
+            weights.check_path(path, self.cfg)
         started = time.monotonic()
         slot.begin_load(path, revision)  # fail closed: a crash or error from here leaves no claim
-        ckpt = await asyncio.to_thread(weights.resolve, path, target=target, config=self.cfg)
+        if staged is None:
+            ckpt = await asyncio.to_thread(weights.resolve, path, target=target, config=self.cfg)
+            rate = self.lat.load_bytes_per_s
+        else:
+            ckpt, rate = staged.checkpoint(), self.lat.commit_bytes_per_s
         # The fixed per-step latency was already spent by the server (``SimulatedEngine.run_step``), before
-        # the action ran; here only the size-proportional part of the load is simulated.
-        duration = ckpt.bytes / self.lat.load_bytes_per_s if self.lat.load_bytes_per_s > 0 else 0.0
+        # the action ran; here only the size-proportional part of the load (or commit) is simulated.
+        duration = ckpt.bytes / rate if rate > 0 else 0.0
         if duration > 0:
             await asyncio.sleep(duration)
         if self.load_gate is not None:
             await self.load_gate.wait()
+        if staged is not None and corrupt:
+            # The extension hashes what reached the GPU and compares it with the staged digest: the corrupt
+            # copy is caught, the target stays unknown (claimed by nothing), and the stage is failed.
+            slot.content = ("corrupt", ckpt.path, revision)
+            message = f"the {target} handed to the model does not hash to the staged digest {ckpt.digest}"
+            self.staging.mismatched(str(target), message)
+            await self._notify()
+            raise weights.LoadError("staged_mismatch", message)
         digest = weights.synthetic_digest("corrupt:" + ckpt.path) if corrupt else ckpt.digest
         slot.finish_load(ckpt, revision, digest)
+        if staged is not None:
+            self.staging.committed(str(target), digest)
         await self._notify()
+        extra = {"staged": staged is not None} if self.spec.staging else {}  # an older image has no such key
         return {
             "ok": True,
             "target": target,
@@ -490,6 +553,7 @@ class EngineCore:
             "seconds": round(time.monotonic() - started, 6),
             "tensors": ckpt.tensors,
             "skipped": list(self.spec.shared_tensors) if target == "draft" else [],
+            **extra,
         }
 
     async def _preflight(self, kw: dict[str, Any]) -> list[dict[str, Any]]:

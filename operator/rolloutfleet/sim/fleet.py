@@ -31,9 +31,15 @@ call (reads are logged only when a fault fires), ``{seq, t, step, key, args, fau
 ``{tokens, finish_reason, t_start, runs: [{verifier, draft, resident, verifier_digest, draft_digest,
 tokens}], weight_versions, mixed, garbage}`` — the pair(s) that generated its tokens. Extension RPCs log
 ``rpc_started``/``rpc_finished`` inside their entry (``key`` = ``METHOD:target`` for loads, pre-flights and
-``rolloutfleet_push_begin``); weight-transfer routes log under their route name (``update_weights``: ``args``
-``{names}``, ``result`` ``{bytes}`` or ``{error}``); ``state`` carries ``session`` (the extension's open
-push session) and ``vllm_session`` (the target of vLLM's open session, or None).
+``rolloutfleet_push_begin``, ``rolloutfleet_load:staged`` for a commit; a load's entry also says
+``staged``: a commit from the stage, or a load from the files); weight-transfer routes log under their
+route name (``update_weights``: ``args`` ``{names}``, ``result`` ``{bytes}`` or ``{error}``); ``state``
+carries ``session`` (the extension's open push session), ``vllm_session`` (the target of vLLM's open
+session, or None) and ``stage`` (the staging area's ``{revision, phase}``, or None). Staged updates
+(``rolloutfleet.sim.staging``) log ``stage_started``/``stage_finished`` (with ``phase``, ``digests``,
+``error``), ``stage_committed``/``stage_mismatch`` per commit and ``stage_released`` (``reason``:
+replaced, unstaged, committed, staged_mismatch), each with its ``t``: a test can tell that every pod's
+stage finished before the first pod paused.
 """
 
 from __future__ import annotations

@@ -19,6 +19,11 @@ bodies follow vLLM's source (``vllm/entrypoints/serve/dev/...`` in 0.26 to 0.33)
 - vLLM's weight-transfer routes (``/init_weight_transfer_engine``, ``/start_weight_update``,
   ``/start_draft_weight_update``, ``/update_weights``, ``/finish_weight_update``): ``transfer_http``. The
   extension's ``rolloutfleet_push_begin``/``_end`` go through ``/collective_rpc`` like every RPC.
+- Staged updates (docs/staging.md): ``rolloutfleet_stage``/``rolloutfleet_unstage`` through
+  ``/collective_rpc``; a staged load's fault and latency key is ``rolloutfleet_load:staged`` (after its
+  target's), and its fixed latency is ``Latencies.commit_s`` instead of the load's. Faults:
+  ``fail_stage`` on ``rolloutfleet_stage`` fails the stage's reading, ``corrupt_load`` on a staged load
+  makes it answer ``staged_mismatch``.
 
 Our image's middleware (``rolloutfleet_worker.auth``, mirrored here since the operator may not import
 it): every route but ``/health``, ``/metrics``, ``/ping``, ``/version``, ``/v1`` and ``/v1/*`` (and a few
@@ -48,7 +53,15 @@ from typing import Any
 from aiohttp import web
 
 from rolloutfleet.sim import transfer_http
-from rolloutfleet.sim.config import EngineSpec, FaultKind, FaultRule, Faults, Latencies, WeightsConfig
+from rolloutfleet.sim.config import (
+    STAGED_LOAD_KEY,
+    EngineSpec,
+    FaultKind,
+    FaultRule,
+    Faults,
+    Latencies,
+    WeightsConfig,
+)
 from rolloutfleet.sim.engine import EngineCore, EngineLog, InternalError, RejectedError
 
 # rolloutfleet_worker.auth: open exact paths and prefixes; everything else (deny by default) needs the token.
@@ -243,9 +256,16 @@ class SimulatedEngine:
         r.add_get("/v1/models", self._models)
 
     async def run_step(
-        self, keys: list[str], args: dict[str, Any], action: Action, *, log: bool = True
+        self,
+        keys: list[str],
+        args: dict[str, Any],
+        action: Action,
+        *,
+        log: bool = True,
+        note: dict[str, Any] | None = None,
     ) -> web.Response:
-        """Run one step: injected faults and latency first, then the action, then the call log entry."""
+        """Run one step: injected faults and latency first, then the action, then the call log entry
+        (with ``note``'s fields, e.g. whether a load was a commit from the stage)."""
         fault = next((f for f in self.faults if f.matches(keys)), None)
         flags: Faults = {}
         started = time.monotonic()  # logged as t0: tests measure how many engines were in a step at once
@@ -273,7 +293,14 @@ class SimulatedEngine:
             resp = web.json_response(fault.rule.body, status=fault.rule.status)
         if log:
             self.log.add(
-                step, key=keys[-1], args=args, status=resp.status, result=result, state=self.core.summary(), t0=started
+                step,
+                key=keys[-1],
+                args=args,
+                status=resp.status,
+                result=result,
+                state=self.core.summary(),
+                t0=started,
+                **(note or {}),
             )
         return resp
 
@@ -433,6 +460,8 @@ class SimulatedEngine:
         keys = ["collective_rpc", str(method)]
         if method in TARGETED_RPCS and isinstance(kwargs, dict):
             keys.append(f"{method}:{kwargs.get('target')}")
+        if method == "rolloutfleet_load" and isinstance(kwargs, dict) and kwargs.get("staged") is True:
+            keys.append(STAGED_LOAD_KEY)  # a commit: its own fault key, and its own latency (Latencies.fixed)
         args = {"method": method, "args": body.get("args") or [], "kwargs": kwargs, "timeout": timeout}
 
         async def act(flags: Faults) -> tuple[web.Response, Any]:
@@ -443,6 +472,7 @@ class SimulatedEngine:
                     corrupt=FaultKind.CORRUPT_LOAD in flags,
                     split=FaultKind.SPLIT_RANKS in flags,
                     rpc_timeout=float(timeout) if isinstance(timeout, int | float) else None,
+                    fail_stage=FaultKind.FAIL_STAGE in flags,
                 )
             except InternalError:
                 return _internal(), {"error": "internal"}
@@ -450,7 +480,9 @@ class SimulatedEngine:
 
         # State reads and pre-flights change nothing: keep them out of the log unless a fault fired.
         log = method not in ("rolloutfleet_state", "rolloutfleet_preflight")
-        return await self.run_step(keys, args, act, log=log)
+        staged = isinstance(kwargs, dict) and kwargs.get("staged") is True
+        note = {"staged": staged} if method == "rolloutfleet_load" else None  # a commit, or a load from files
+        return await self.run_step(keys, args, act, log=log, note=note)
 
     async def _completions(self, request: web.Request) -> web.Response:
         body = await _json(request)

@@ -140,6 +140,9 @@ def test_every_action_is_an_action() -> None:
         Step.ENGINE_ERROR,
         Step.AWAIT_PUSH,  # a wait for the trainer, not something the operator does to the engine
         Step.NO_RENDEZVOUS,  # the trainer never said where to join: a failed attempt
+        Step.AWAIT_STAGE,  # the engine stages by itself: the pass reads it again
+        Step.STAGE_FAILED,  # a failed attempt, retried by staging again (the pass decides)
+        Step.STAGE_MISMATCH,  # a failed attempt, retried by releasing the stage first
     }
     assert set(Step) - verdicts == ACTIONS
 

@@ -49,4 +49,6 @@ def test_extension_adds_only_prefixed_names() -> None:
         "rolloutfleet_push_begin",
         "rolloutfleet_push_end",
         "rolloutfleet_push_group",
+        "rolloutfleet_stage",
+        "rolloutfleet_unstage",
     }
