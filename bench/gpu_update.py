@@ -273,6 +273,7 @@ async def measure(args: argparse.Namespace, revs: dict[str, str], digests: dict[
                         gpu_support.prompts(args.staged_concurrency),
                         repeats=args.repeats,
                         window_s=args.staged_window,
+                        sweep_window_s=args.staged_sweep_window,
                     )
                 )
                 print(json.dumps({"staged_engine": out["staged_engine"]}, default=str), flush=True)
@@ -416,6 +417,12 @@ def main() -> int:
     )
     parser.add_argument("--staged-concurrency", type=int, default=16, help="clients of the steady load")
     parser.add_argument("--staged-window", type=float, default=8.0, help="seconds of each throughput window")
+    parser.add_argument(
+        "--staged-sweep-window",
+        type=float,
+        default=6.0,
+        help="seconds of each staging-while-serving window of the tuning sweep (bench/staged_update.py SWEEP)",
+    )
     parser.add_argument("--skip-stock", action="store_true", help="leave out vLLM's stock reload_weights (b)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

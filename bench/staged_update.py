@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import re
 import statistics
@@ -69,6 +70,19 @@ def tokens_per_second(completions: Iterable[tuple[float, int]], start: float, en
     return sum(n for t, n in completions if start <= t <= end) / (end - start)
 
 
+def latency(requests: Iterable[tuple[float, float]], start: float, end: float) -> dict[str, Any] | None:
+    """p50/p99/max wall time (s) of the requests that completed within ``[start, end]``; ``requests``:
+    (completion time, wall seconds). Nearest-rank percentiles; None when none completed."""
+    got = sorted(w for t, w in requests if start <= t <= end)
+    if not got:
+        return None
+
+    def rank(q: float) -> float:
+        return got[max(0, min(len(got) - 1, math.ceil(q * len(got)) - 1))]
+
+    return {"n": len(got), "p50": rank(0.50), "p99": rank(0.99), "max": got[-1]}
+
+
 def spread(values: Iterable[float | None]) -> dict[str, Any] | None:
     """min/median/max of the values that were measured (None when none was)."""
     got = [float(v) for v in values if v is not None]
@@ -109,6 +123,30 @@ def summarize(out: dict[str, Any]) -> dict[str, Any]:
     staged_sleep = _median(r["pause_window_s"] for r in _ok(engine.get("sleep_mode")))
     idle = engine.get("idle") or {}
     serving = engine.get("staging_while_serving") or {}
+    idle_tps = idle.get("tokens_per_s")
+    sweep = []
+    for row in engine.get("staging_sweep") or []:
+        if not isinstance(row, dict):
+            continue
+        got = row.get("result") or {}
+        lat = got.get("latency_s") or {}
+        sweep.append(
+            {
+                "name": row.get("name"),
+                "threads": row.get("threads"),
+                "gbps": row.get("gbps"),
+                "pin_chunk_bytes": row.get("pin_chunk_bytes"),
+                "error": got.get("error"),
+                "tokens_per_s": got.get("tokens_per_s"),
+                "serving_ratio": _ratio(got.get("tokens_per_s"), idle_tps),
+                "stage_s_median": _median(got.get("stage_s") or []),
+                "stages": len(got.get("stage_s") or []),
+                "latency_p50_s": lat.get("p50"),
+                "latency_p99_s": lat.get("p99"),
+            }
+        )
+    idle_lat = idle.get("latency_s") or {}
+    after = engine.get("idle_after_sweep") or {}
     return {
         "ceiling_pinned_GBps": ceiling,
         "staging_in_process": {
@@ -130,6 +168,9 @@ def summarize(out: dict[str, Any]) -> dict[str, Any]:
         "tokens_per_s_idle": idle.get("tokens_per_s"),
         "tokens_per_s_staging": serving.get("tokens_per_s"),
         "serving_ratio_while_staging": _ratio(serving.get("tokens_per_s"), idle.get("tokens_per_s")),
+        "latency_idle_s": {"p50": idle_lat.get("p50"), "p99": idle_lat.get("p99")},
+        "tokens_per_s_idle_after_sweep": after.get("tokens_per_s"),
+        "staging_sweep": sweep,
     }
 
 
@@ -205,6 +246,31 @@ def _engine_lines(s: dict[str, Any]) -> list[str]:
         f"idle {_fmt(s.get('tokens_per_s_idle'), '.0f')}, while staging {_fmt(s.get('tokens_per_s_staging'), '.0f')} "
         f"(= {_fmt(s.get('serving_ratio_while_staging'))} x idle)",
     ]
+    sweep = s.get("staging_sweep") or []
+    if sweep:
+        idle_lat = s.get("latency_idle_s") or {}
+        lines += [
+            "",
+            "Serving while staging, by the stage's tuning (`rolloutfleet_stage` kwargs; the same steady load, "
+            f"stages back to back through each window; idle: {_fmt(s.get('tokens_per_s_idle'), '.0f')} tokens/s, "
+            f"request p50 {_fmt(idle_lat.get('p50'), '.3f')} s, p99 {_fmt(idle_lat.get('p99'), '.3f')} s; "
+            f"idle again after the sweep: {_fmt(s.get('tokens_per_s_idle_after_sweep'), '.0f')} tokens/s):",
+            "",
+            "| setting | threads | cap (GB/s) | pin chunk | tokens/s | x idle | stage s (median, n) "
+            "| request p50 (s) | request p99 (s) |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in sweep:
+            chunk = "whole area" if not r.get("pin_chunk_bytes") else f"{r['pin_chunk_bytes'] / 2**20:.0f} MiB"
+            cap = "none" if not r.get("gbps") else _fmt(r.get("gbps"), "g")
+            if r.get("error"):
+                lines.append(f"| {r['name']} | {r.get('threads')} | {cap} | {chunk} | error: {r['error']} ||||")
+                continue
+            lines.append(
+                f"| {r['name']} | {r.get('threads')} | {cap} | {chunk} | {_fmt(r.get('tokens_per_s'), '.0f')} "
+                f"| {_fmt(r.get('serving_ratio'))} | {_fmt(r.get('stage_s_median'), '.3f')} ({r.get('stages')}) "
+                f"| {_fmt(r.get('latency_p50_s'), '.3f')} | {_fmt(r.get('latency_p99_s'), '.3f')} |"
+            )
     return lines
 
 
@@ -411,6 +477,7 @@ class SteadyLoad:
     def __init__(self, url: str, prompts: list[list[int]], max_tokens: int) -> None:
         self.url, self.prompts, self.max_tokens = url, prompts, max_tokens
         self.completions: list[tuple[float, int]] = []
+        self.latencies: list[tuple[float, float]] = []  # (completion time, request wall seconds)
         self.errors: list[str] = []
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -421,6 +488,7 @@ class SteadyLoad:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
             while True:
                 try:
+                    sent = time.perf_counter()
                     async with session.post(self.url + "/v1/completions", json=body) as resp:
                         answer = await resp.json(content_type=None)
                     if resp.status != 200:
@@ -428,7 +496,9 @@ class SteadyLoad:
                         await asyncio.sleep(0.1)
                         continue
                     usage = answer.get("usage") or {}
-                    self.completions.append((time.perf_counter(), int(usage.get("completion_tokens", self.max_tokens))))
+                    done = time.perf_counter()
+                    self.completions.append((done, int(usage.get("completion_tokens", self.max_tokens))))
+                    self.latencies.append((done, done - sent))
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # a report: count it, keep the load going
@@ -461,12 +531,26 @@ async def _stage_state(client: Any) -> dict[str, Any] | None:
 
 
 async def _stage_and_wait(
-    client: Any, revision: int, verifier: str, draft: str, limit_s: float = 180.0
+    client: Any,
+    revision: int,
+    verifier: str,
+    draft: str,
+    limit_s: float = 180.0,
+    tuning: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Stage through the operator's client and poll the engine's state until the stage left ``staging``;
-    the wall time as the client sees it, and the engine's own account."""
+    the wall time as the client sees it, and the engine's own account. ``tuning``: ``rolloutfleet_stage``'s
+    benchmark kwargs (``threads``, ``gbps``, ``pin_chunk_bytes``), sent over the raw RPC (the operator's
+    ``stage`` never sends them)."""
     t0 = time.perf_counter()
-    await client.stage(revision, verifier, draft)
+    if tuning is None:
+        await client.stage(revision, verifier, draft)
+    else:
+        kwargs = {"revision": revision, "verifier_path": verifier, "draft_path": draft, "limit_bytes": None, **tuning}
+        results = await client.collective_rpc("rolloutfleet_stage", kwargs=kwargs, idempotent=True)
+        refused = [r for r in results if not (isinstance(r, dict) and r.get("ok") is True)]
+        if refused or not results:
+            raise RuntimeError(f"rolloutfleet_stage{tuning} refused: {refused or results}")
     while True:
         state = await _stage_state(client)
         if state is not None and state["revision"] == revision and state["phase"] != "staging":
@@ -541,16 +625,21 @@ async def _window(client: Any, seconds: float) -> tuple[float, float]:
 
 
 async def _staging_while_serving(
-    client: Any, load: SteadyLoad, goals: list[dict[str, Any]], revisions: Iterable[int], seconds: float
+    client: Any,
+    load: SteadyLoad,
+    goals: list[dict[str, Any]],
+    revisions: Iterable[int],
+    seconds: float,
+    tuning: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Stage pair after pair back to back for at least ``seconds`` while the load runs; staging times and
-    the load's throughput over the whole window."""
+    the load's throughput and request latency over the whole window."""
     times: list[float] = []
     worker_times: list[float] = []
     nbytes = 0
     t0 = time.perf_counter()
     for revision, goal in zip(revisions, itertools.cycle(goals), strict=False):
-        got = await _stage_and_wait(client, revision, goal["verifier"], goal["draft"])
+        got = await _stage_and_wait(client, revision, goal["verifier"], goal["draft"], tuning=tuning)
         if got["state"]["phase"] != "staged":
             raise RuntimeError(f"stage ended {got['state']['phase']}: {got['state']['error']}")
         times.append(got["wall_s"])
@@ -567,7 +656,42 @@ async def _staging_while_serving(
         "GBps_median": nbytes / statistics.median(times) / GB if times else None,
         "window_s": t1 - t0,
         "tokens_per_s": tokens_per_second(load.completions, t0, t1),
+        "latency_s": latency(load.latencies, t0, t1),
     }
+
+
+# The tuning swept while serving (``rolloutfleet_stage`` kwargs); the first is today's default.
+MiB = 1 << 20
+SWEEP: tuple[dict[str, Any], ...] = (
+    {"name": "t4-uncapped", "threads": 4, "gbps": 0.0, "pin_chunk_bytes": None},
+    {"name": "t2-uncapped", "threads": 2, "gbps": 0.0, "pin_chunk_bytes": None},
+    {"name": "t1-uncapped", "threads": 1, "gbps": 0.0, "pin_chunk_bytes": None},
+    {"name": "t4-cap2", "threads": 4, "gbps": 2.0, "pin_chunk_bytes": None},
+    {"name": "t2-cap1", "threads": 2, "gbps": 1.0, "pin_chunk_bytes": None},
+    {"name": "t4-uncapped-pin256MiB", "threads": 4, "gbps": 0.0, "pin_chunk_bytes": 256 * MiB},
+)
+
+
+async def _sweep(
+    client: Any,
+    load: SteadyLoad,
+    goals: list[dict[str, Any]],
+    revisions: Iterable[int],
+    seconds: float,
+    settings: Iterable[dict[str, Any]] = SWEEP,
+    gap_s: float = 1.0,
+) -> list[dict[str, Any]]:
+    """``_staging_while_serving`` once per setting (each guarded), a short gap between them so the load
+    settles after the previous stage's release."""
+    rows = []
+    for setting in settings:
+        tuning = {k: setting[k] for k in ("threads", "gbps", "pin_chunk_bytes")}
+        await asyncio.sleep(gap_s)
+        result = await guarded(_staging_while_serving(client, load, goals, revisions, seconds, tuning))
+        if "error" in result:
+            await guarded(client.unstage())
+        rows.append({**setting, "result": result})
+    return rows
 
 
 async def engine(
@@ -580,9 +704,12 @@ async def engine(
     repeats: int = 3,
     max_tokens: int = 64,
     window_s: float = 8.0,
+    sweep_window_s: float = 6.0,
 ) -> dict[str, Any]:
     """The server-side staged measurements. ``goals``: the A and B pairs (paths and publisher digests),
-    alternated so every transaction changes the weights; ``prompts``: one per concurrent client."""
+    alternated so every transaction changes the weights; ``prompts``: one per concurrent client;
+    ``window_s``: the idle window; ``sweep_window_s``: each ``SWEEP`` setting's window (at least; it ends
+    with the stage under way)."""
     revision = itertools.count(first_revision)
     pick = itertools.cycle(goals)  # A, B, A, ...: every transaction changes the weights
     out: dict[str, Any] = {"sleep_mode": [], "inflight": []}
@@ -594,8 +721,21 @@ async def engine(
     async with load:
         await asyncio.sleep(3.0)  # let the load reach its steady state
         t0, t1 = await _window(client, window_s)
-        out["idle"] = {"window_s": t1 - t0, "tokens_per_s": tokens_per_second(load.completions, t0, t1)}
-        out["staging_while_serving"] = await guarded(_staging_while_serving(client, load, goals, revision, window_s))
+        out["idle"] = {
+            "window_s": t1 - t0,
+            "tokens_per_s": tokens_per_second(load.completions, t0, t1),
+            "latency_s": latency(load.latencies, t0, t1),
+        }
+        out["staging_sweep"] = await guarded(_sweep(client, load, goals, revision, sweep_window_s))
+        first = out["staging_sweep"][0]["result"] if isinstance(out["staging_sweep"], list) else out["staging_sweep"]
+        out["staging_while_serving"] = first  # today's default (the first setting), as before the sweep
+        await asyncio.sleep(1.0)
+        t0, t1 = await _window(client, sweep_window_s)
+        out["idle_after_sweep"] = {
+            "window_s": t1 - t0,
+            "tokens_per_s": tokens_per_second(load.completions, t0, t1),
+            "latency_s": latency(load.latencies, t0, t1),
+        }
         for _ in range(repeats):
             for staged in (False, True):  # today's and the staged transaction, alternately
                 out["inflight"].append(

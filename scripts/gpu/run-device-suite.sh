@@ -5,7 +5,11 @@
 #
 #   here, once:      scripts/gpu/run-device-suite.sh prepare
 #   device call 1:   run  carry [".device-carry/1"]          command "bash scripts/gpu/run-device-suite.sh stage1"
+#   device call 1b:  run  carry [".device-carry/3"]          command "bash scripts/gpu/run-device-suite.sh stage1"
 #   device call 2:   run  carry [".device-carry/2", ".whl"]  command "bash scripts/gpu/run-device-suite.sh stage2 suite"
+#
+# Three parts since the working tree passed 4 MB: a carry plus the tree must stay under 64 MiB per call, and
+# the 60 MiB halves of the two-part recipe left no room ("prepare" re-splits them into three of ~40 MiB).
 #   device call 3:   run  carry [".whl"]                     command "bash scripts/gpu/run-device-suite.sh stage2 bench"
 #   pushes:          run  carry [".device-carry/2", ".whl"]  command "bash scripts/gpu/run-device-suite.sh stage2 transfer push"
 #
@@ -29,6 +33,17 @@ prepare() {
   if [ ! -f .device-carry/2/vllm026-site.sha256 ]; then
     ../shared/gpu/build-vllm-carry.sh .device-carry   # ~5 min of CPU
   fi
+  if [ ! -d .device-carry/3 ]; then   # two ~60 MiB parts → three ~40 MiB parts (same archive, same checksum)
+    tmp=$(mktemp -d)
+    cat .device-carry/1/vllm026-site.tar.xz.part-* .device-carry/2/vllm026-site.tar.xz.part-* > "$tmp/whole"
+    rm -f .device-carry/1/vllm026-site.tar.xz.part-* .device-carry/2/vllm026-site.tar.xz.part-*
+    mkdir -p .device-carry/3
+    split -b 40M -d -a 1 "$tmp/whole" "$tmp/vllm026-site.tar.xz.part-"
+    mv "$tmp/vllm026-site.tar.xz.part-0" .device-carry/1/
+    mv "$tmp/vllm026-site.tar.xz.part-1" .device-carry/3/
+    mv "$tmp/vllm026-site.tar.xz.part-2" .device-carry/2/
+    rm -rf "$tmp"
+  fi
   # pytest-asyncio is not on the device image; pytest itself only if the image's is older than 8.4.
   python3 -m pip download -q --no-deps --only-binary=:all: -d .whl \
     pytest-asyncio==1.5.0 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1
@@ -36,7 +51,8 @@ prepare() {
 }
 
 stage1() {
-  mkdir -p /tmp/vc && cp .device-carry/1/* /tmp/vc/
+  # Whichever part this call carries (.device-carry/1, then .device-carry/3).
+  mkdir -p /tmp/vc && cp .device-carry/[13]/* /tmp/vc/ 2>/dev/null; ls /tmp/vc
 }
 
 unpack() {

@@ -427,13 +427,31 @@ class RolloutFleetExtension:
             return fail("load_failed", f"{type(exc).__name__}: {exc}")
 
     def rolloutfleet_stage(
-        self, revision: int, verifier_path: str, draft_path: str | None = None, limit_bytes: int | None = None
+        self,
+        revision: int,
+        verifier_path: str,
+        draft_path: str | None = None,
+        limit_bytes: int | None = None,
+        threads: int | None = None,
+        gbps: float | None = None,
+        pin_chunk_bytes: int | None = None,
     ) -> StageResult | Failure:
-        """Start reading ``revision``'s checkpoints into host memory while the engine serves; returns at once."""
+        """Start reading ``revision``'s checkpoints into host memory while the engine serves; returns at once.
+        ``threads`` / ``gbps`` / ``pin_chunk_bytes``: this stage's tuning instead of the environment's
+        (benchmarks; the operator never sends them)."""
         try:
             from rolloutfleet_worker import staging
 
-            return staging.stage(self, revision, verifier_path, draft_path, limit_bytes)
+            return staging.stage(
+                self,
+                revision,
+                verifier_path,
+                draft_path,
+                limit_bytes,
+                threads=threads,
+                gbps=gbps,
+                pin_chunk_bytes=pin_chunk_bytes,
+            )
         except Exception as exc:
             return fail("internal", f"{type(exc).__name__}: {exc}")
 

@@ -29,6 +29,7 @@ BOUNCE_SHARE_ENV = "ROLLOUTFLEET_LOAD_BOUNCE_SHARE"
 BOUNCE_THREADS_ENV = "ROLLOUTFLEET_LOAD_BOUNCE_THREADS"
 STAGE_THREADS_ENV = "ROLLOUTFLEET_STAGE_THREADS"
 STAGE_GBPS_ENV = "ROLLOUTFLEET_STAGE_GBPS"
+STAGE_PIN_CHUNK_ENV = "ROLLOUTFLEET_STAGE_PIN_CHUNK_BYTES"
 
 # Staging runs while the engine serves: a few reader threads leave the host's cores to the engine's
 # scheduler and tokenizers (the loader's defaults take most of the cores, inside a pause).
@@ -84,13 +85,31 @@ def stage_threads() -> int:
     return _positive_env(STAGE_THREADS_ENV) or DEFAULT_STAGE_THREADS
 
 
+# Measured on the H200 inside vLLM 0.26 (bench/results/gpu/bench-staged-sweep-2026-12-01.json): staging a
+# 3.76 GB pair uncapped on 4 threads cut a steady load's throughput to 0.53x idle and doubled its p50 latency;
+# capped at 2 GB/s the load kept its idle throughput and p99 (1.07x, 0.96 s vs 1.00 s) and the stage took 2 s.
+DEFAULT_STAGE_GBPS = 2.0
+
+
 def stage_gbps() -> float:
-    """The stage's read bandwidth cap in GB/s (10^9 B/s; ``ROLLOUTFLEET_STAGE_GBPS``); 0: uncapped."""
+    """The stage's read bandwidth cap in GB/s (10^9 B/s; ``ROLLOUTFLEET_STAGE_GBPS``, default
+    ``DEFAULT_STAGE_GBPS``); ``0``: uncapped (staging as fast as the disks and cores go, serving slows down)."""
+    raw = os.environ.get(STAGE_GBPS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_STAGE_GBPS
     try:
-        value = float(os.environ.get(STAGE_GBPS_ENV, "").strip())
+        value = float(raw)
     except ValueError:
+        return DEFAULT_STAGE_GBPS
+    if value == 0:
         return 0.0
-    return value if value > 0 and value != float("inf") else 0.0
+    return value if 0 < value < float("inf") else DEFAULT_STAGE_GBPS  # nan, negative, inf: the default
+
+
+def stage_pin_chunk_bytes() -> int | None:
+    """Bytes per ``cudaHostRegister`` call when a stage page-locks a filled area
+    (``ROLLOUTFLEET_STAGE_PIN_CHUNK_BYTES``); None: the whole area in one call."""
+    return _positive_env(STAGE_PIN_CHUNK_ENV)
 
 
 def flag_env(name: str, default: bool = False) -> bool:

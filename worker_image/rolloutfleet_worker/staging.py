@@ -89,11 +89,18 @@ def stage(
     verifier_path: object,
     draft_path: object = None,
     limit_bytes: object = None,
+    threads: object = None,
+    gbps: object = None,
+    pin_chunk_bytes: object = None,
 ) -> StageResult | Failure:
     """Start staging (docs/staging.md ``rolloutfleet_stage``); returns at once, the threads fill it.
 
     Argument errors leave the held stage alone; anything else replaces it (its readers stop and its
     memory goes before the new stage allocates, so two revisions are never in host memory at once).
+    ``threads``, ``gbps`` and ``pin_chunk_bytes`` override ``ROLLOUTFLEET_STAGE_THREADS``,
+    ``ROLLOUTFLEET_STAGE_GBPS`` and ``ROLLOUTFLEET_STAGE_PIN_CHUNK_BYTES`` for this stage (benchmarks and
+    per-engine tuning; the operator never sends them). A re-stage of the held revision answers the held
+    stage whatever they say.
     """
     from rolloutfleet_worker import models
 
@@ -104,6 +111,9 @@ def stage(
         # No code of the contract fits a malformed budget (the operator never sends one): say it plainly.
         return fail("internal", f"limit_bytes must be a non-negative integer or null, got {limit_bytes!r}")
     assert limit_bytes is None or isinstance(limit_bytes, int)
+    tuning = _tuning(threads, gbps, pin_chunk_bytes)
+    if not isinstance(tuning, tuple):
+        return tuning
     current = held(worker)
     key = (revision, verifier_path, draft_path)
     if current is not None and current.key == key and current.phase in ("staging", "staged"):
@@ -129,10 +139,11 @@ def stage(
         verifier,
         draft,
         limit_bytes,
-        threads=options.stage_threads(),
-        gbps=options.stage_gbps(),
+        threads=tuning[0],
+        gbps=tuning[1],
         device=_device(worker),
         roots=roots,
+        pin_chunk_bytes=tuning[2],
     )
     corrupt: digest.CheckpointError | None = None
     try:
@@ -158,6 +169,28 @@ def stage(
     else:
         new.start()
     return StageResult(ok=True, stage=new.report())
+
+
+MAX_THREADS = 64
+
+
+def _tuning(threads: object, gbps: object, pin_chunk_bytes: object) -> tuple[int, float, int | None] | Failure:
+    """The stage's reader threads, bandwidth cap (GB/s, 0: none) and registration chunk (None: whole
+    areas): each argument given, else its environment variable. A malformed one answers ``internal`` (no
+    code of the contract fits; the operator never sends them)."""
+    if threads is None:
+        threads = options.stage_threads()
+    elif not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= MAX_THREADS:
+        return fail("internal", f"threads must be an integer from 1 to {MAX_THREADS} or null, got {threads!r}")
+    if gbps is None:
+        gbps = options.stage_gbps()
+    elif not isinstance(gbps, int | float) or isinstance(gbps, bool) or not 0 <= gbps < float("inf"):
+        return fail("internal", f"gbps must be a finite number >= 0 (0: uncapped) or null, got {gbps!r}")
+    if pin_chunk_bytes is None:
+        pin_chunk_bytes = options.stage_pin_chunk_bytes()
+    elif not isinstance(pin_chunk_bytes, int) or isinstance(pin_chunk_bytes, bool) or pin_chunk_bytes <= 0:
+        return fail("internal", f"pin_chunk_bytes must be a positive integer or null, got {pin_chunk_bytes!r}")
+    return threads, float(gbps), pin_chunk_bytes
 
 
 def _device(worker: Any) -> int | None:

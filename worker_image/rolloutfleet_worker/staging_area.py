@@ -7,8 +7,9 @@ docs/staging.md is the contract; this module owns how a stage fills, fails, stop
 Host memory: anonymous page-aligned ``mmap`` areas (one per group of whole tensors of a file, at most
 ``AREA_BYTES`` each, so a stop never waits for a huge registration and no tensor spans two registrations),
 page-locked with ``cudaHostRegister`` (``loader_cuda.CudaPinner``) on a GPU worker once each area is
-filled, so the commit copies at the pinned ceiling. Not torch's pinned allocator: its caching host
-allocator keeps freed blocks for reuse, so a released stage would stay page-locked for the life of the
+filled (in one call, or in ``ROLLOUTFLEET_STAGE_PIN_CHUNK_BYTES`` pieces so no driver call holds the
+engine's CUDA calls for long), so the commit copies at the pinned ceiling. Not torch's pinned allocator: its
+caching host allocator keeps freed blocks for reuse, so a released stage would stay page-locked for the life of the
 process; ``munmap`` gives the pages back at once. On the CPU the same areas, unregistered.
 
 Threads: one stage thread maps the areas, hands the reads to a pool of ``ROLLOUTFLEET_STAGE_THREADS``
@@ -91,23 +92,46 @@ class HostArea:
         if madvise is not None:
             lib.madvise(self.address, self.size, madvise)  # advisory: fewer page faults, faster pinning
         self.pinner: HostPinner | None = None
-        self.pinned = False
+        self.registered: list[int] = []  # the start of every range registered (one, or one per chunk)
 
-    def pin(self, pinner: HostPinner) -> bool:
+    @property
+    def pinned(self) -> bool:
+        return bool(self.registered)
+
+    def pin(self, pinner: HostPinner, chunk: int | None = None, stop: threading.Event | None = None) -> bool:
         """Page-lock the area (after it was filled: the readers' page faults zero-fill it on many threads,
-        where registering fresh memory first did it on one, inside the driver: 3.5 GB/s on the H200 host)."""
-        if self.address and not self.pinned:
-            self.pinned = pinner.register(self.address, self.size)
-            self.pinner = pinner if self.pinned else None
-        return self.pinned
+        where registering fresh memory first did it on one, inside the driver: 3.5 GB/s on the H200 host).
+
+        ``chunk``: bytes per ``cudaHostRegister`` call (rounded up to whole pages), so no single driver call
+        holds the driver for the whole area while the engine serves; None: the whole area in one call. All
+        or nothing: a refused chunk unregisters the chunks before it. ``stop`` is checked between chunks
+        (``StoppedError``; what was registered stays listed, and ``release`` unregisters it)."""
+        if not self.address or self.registered:
+            return self.pinned
+        step = self.size if not chunk or chunk <= 0 else -(-chunk // mmap.PAGESIZE) * mmap.PAGESIZE
+        self.pinner = pinner
+        for start in range(0, self.size, step):
+            if stop is not None and stop.is_set():
+                raise StoppedError
+            address = self.address + start
+            if not pinner.register(address, min(step, self.size - start)):
+                self._unregister()
+                return False
+            self.registered.append(address)
+        return True
+
+    def _unregister(self) -> None:
+        if self.pinner is not None:
+            for address in self.registered:
+                self.pinner.unregister(address)
+        self.registered = []
+        self.pinner = None
 
     def release(self) -> int:
-        """Unlock and unmap (once); the bytes given back, 0 when already released."""
+        """Unlock (every registered chunk) and unmap (once); the bytes given back, 0 when already released."""
         if not self.address:
             return 0
-        if self.pinned and self.pinner is not None:
-            self.pinner.unregister(self.address)
-            self.pinned = False
+        self._unregister()
         _libc().munmap(self.address, self.size)
         self.address = 0
         return self.length
@@ -214,9 +238,11 @@ class Stage:
         gbps: float,
         device: int | None,
         roots: tuple[str, ...],
+        pin_chunk_bytes: int | None = None,
     ) -> None:
         self.revision, self.verifier, self.draft, self.limit_bytes = revision, verifier, draft, limit_bytes
         self.threads, self.gbps, self.device, self.roots = max(1, threads), gbps, device, roots
+        self.pin_chunk_bytes = pin_chunk_bytes  # bytes per registration call; None: each area in one
         self.key = (revision, verifier.path, draft.path if draft is not None else None)
         self.phase: StagePhase = "staging"
         self.error: ErrorBody | None = None
@@ -391,7 +417,7 @@ class Stage:
         # Only this thread or, after joining it, the stopper releases areas: no lock needed to register.
         if self.latch.stop.is_set():
             raise StoppedError
-        pinned = area.pin(pinner)
+        pinned = area.pin(pinner, self.pin_chunk_bytes, self.latch.stop)
         with self.lock:
             self.pinned_bytes += area.length if pinned else 0
         if not pinned and not self.refused:
@@ -430,7 +456,7 @@ class Stage:
         total = self.bytes_total
         log.info(
             "rolloutfleet: staged revision %s (verifier %s%s): %.2f GB in %.3f s (%.1f GB/s, %d threads%s, "
-            "%.2f GB page-locked)",
+            "%.2f GB page-locked%s)",
             self.revision,
             self.verifier.path,
             f", draft {self.draft.path}" if self.draft is not None else "",
@@ -440,6 +466,7 @@ class Stage:
             self.threads,
             f", capped at {self.gbps:g} GB/s" if self.gbps > 0 else "",
             self.pinned_bytes / 1e9,
+            f" in chunks of {self.pin_chunk_bytes} B" if self.pin_chunk_bytes else "",
         )
 
 

@@ -510,6 +510,27 @@ class EngineClient:
         )
         return dataclasses.replace(state, versioned=versioned, admitted=admitted, instance=instance)
 
+    async def recheck(self, known: api.EngineState, *, deadline: float | None = None) -> api.EngineState:
+        """What the engine holds now, read in two requests instead of ``observe``'s five: its admission
+        (the process's ``instance``) and then the extension state, over ``known`` for the rest.
+
+        For a read right before a resume, of an engine whose pause, sleep and weight version this client
+        just set and saw acknowledged: what can have changed since is what the extension reports (its
+        weights, digests, residency, stage) or the process itself. A process other than ``known``'s (it
+        restarted), or an engine that cannot be read, gets a full ``observe``.
+        """
+        try:
+            admitted, instance = await self.admission(deadline=deadline)
+            if known.instance is None or instance != known.instance:
+                return await self.observe(deadline=deadline)
+            states = await self.extension_state(deadline=deadline)
+        except wire.EngineError:
+            return await self.observe(deadline=deadline)
+        state = state_from_wire(
+            paused=known.paused, sleeping=known.sleeping, weight_version=known.weight_version, states=states
+        )
+        return dataclasses.replace(state, versioned=known.versioned, admitted=admitted, instance=instance)
+
     # --- admission: the readiness probe's answer (worker_image/README.md, "Admission") ----------------
 
     async def admitted(self, *, deadline: float | None = None) -> bool | None:

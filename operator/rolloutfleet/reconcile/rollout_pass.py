@@ -43,6 +43,8 @@ MARKS_WAIT_SECONDS = 1.0  # a pass waits this long for the trainer's mark before
 # The fleet's per-pod status is rewritten at most this often during a pass: a long pass (slow loads,
 # retries) would otherwise leave status.pods behind the engines until it ended (the soak measured 3 s+).
 FLEET_STATUS_INTERVAL = 1.0
+RESUME_READ_SECONDS = 2.0  # a resume relies on a read of the engine at most this old
+RESUME_BATCH_SECONDS = 5.0  # a pod resumed with others waits at most this long for them before its admit
 FAULT_REASONS = {
     EngineFault.UNAUTHORIZED: "EngineUnauthorized",
     EngineFault.PROTOCOL: "EngineProtocolError",
@@ -57,6 +59,14 @@ class PassOutcome:
 
     again: bool = False
     idle: bool = True
+
+
+@dataclasses.dataclass
+class _Batch:
+    """Pods resumed together (AllAtOnce): ``done`` once none is left pending."""
+
+    pending: set[str]
+    done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,9 +116,11 @@ class RolloutPass:
         self.states: dict[str, engine.EngineState] = {}
         self.stale: set[str] = set(self.order)  # pods whose state must be read from the engine
         self.fresh: set[str] = set()  # pods read from the engine since their last step
+        self.read_at: dict[str, float] = {}  # when each pod was last read from its engine (monotonic)
         self.changed: set[str] = set(self.order)  # pods whose decision must be derived again
         self.inflight: dict[str, asyncio.Task[None]] = {}  # pods with a step running
         self.routed_out: set[str] = set()  # pods taken out of the Service ahead of their PAUSE step
+        self.resume_batch: dict[str, _Batch] = {}  # AllAtOnce: pods routed back in once their batch resumed
         self.decided_goal: Goal | None = None  # the goal (with reference digests) decisions were made for
         self.verified: set[str] = set()  # pods read from the engine when they were ready to resume or done
         self.decisions: dict[str, Decision] = {}
@@ -261,17 +273,25 @@ class RolloutPass:
             )
             # Resume only on a state read from the engine now, not on acknowledgements: pods waiting at the
             # barrier are read once, when they are about to resume (not after every other pod's step).
-            unread = {p for p, d in chosen.items() if d.step == Step.RESUME and p not in self.fresh}
+            unread = {p for p, d in chosen.items() if d.step == Step.RESUME and not self._read_recently(p)}
             if unread:
                 self.stale |= unread
                 chosen = {p: d for p, d in chosen.items() if p not in unread}
             chosen = {p: d for p, d in chosen.items() if p not in self.restarted}  # gone: the next pass sees
+            # Pods arriving at the AllAtOnce barrier are read now, while others still load, so that the read
+            # every resume needs is not one burst for the whole fleet after the last pod arrived.
+            self.stale |= {
+                p
+                for p, d in self.decisions.items()
+                if d.step == Step.RESUME and p not in chosen and p not in self.inflight and p not in self.fresh
+            }
             opens = [p for p, d in chosen.items() if d.step in push.OPEN_STEPS]
             if opens:  # one epoch per set of sessions opened together (docs/push.md, "Handshake")
                 self.push_epoch = push.next_epoch(self.push_epoch, self.states.values())
                 self.opening[self.push_epoch] = set(opens)
                 self.pod_epoch.update(dict.fromkeys(opens, self.push_epoch))
             await self._route_out_together(chosen)
+            self._resume_together(chosen)
             for pod, decision in chosen.items():
                 self.fresh.discard(pod)
                 self.inflight[pod] = asyncio.create_task(self._step(pod, decision))
@@ -379,13 +399,22 @@ class RolloutPass:
         after the first read only pods that failed, or that are about to resume or be called done, are read.
         """
         read = [p for p in self.order if p in self.stale and p not in self.inflight]
-        for pod, state in zip(read, await asyncio.gather(*(self.clients[p].observe() for p in read)), strict=True):
+        # A pod about to resume is read again in full only when its process may have changed (``recheck``).
+        reads = [
+            self.clients[p].recheck(self.states[p])
+            if p in self.states and self.decisions.get(p, Decision(Step.PAUSE)).step == Step.RESUME
+            else self.clients[p].observe()
+            for p in read
+        ]
+        for pod, state in zip(read, await asyncio.gather(*reads), strict=True):
             self.states[pod] = state
             if pod not in self.inflight:  # read after its open returned: what the engine holds is known
                 self._confirm(pod)
         self.reads += len(read)
         self.stale.difference_update(read)
         self.fresh.update(read)
+        now = time.monotonic()
+        self.read_at.update(dict.fromkeys(read, now))
         self.changed.update(read)
         now = time.monotonic()
         self._mark_group(now)
@@ -407,6 +436,11 @@ class RolloutPass:
         self._remember_states()
         self.memory.steps = {p: d.step.value for p, d in self.decisions.items()}
         return set(read)
+
+    def _read_recently(self, pod: str) -> bool:
+        """Read since its last step, and not long ago: what a resume may rely on (a pod that waited long at the
+        barrier is read again, as its engine may have changed meanwhile)."""
+        return pod in self.fresh and time.monotonic() - self.read_at.get(pod, 0.0) <= RESUME_READ_SECONDS
 
     def _stage_due(self) -> None:
         """Read the staging engines again (their stage progressed while the pass waited)."""
@@ -570,6 +604,7 @@ class RolloutPass:
             async with limit:
                 seconds, result = await executor.execute(self.clients[pod], decision.step, self.goal, timeouts, session)
         except executor.StepError as exc:
+            self._leave_batch(pod)
             self._confirm(pod)  # a failed open: this pod has no session of the epoch to wait for
             self._fail(pod, exc.reason, str(exc))
             if decision.step in (Step.END_SESSION, Step.ABANDON_SESSION) and session.session is not None:
@@ -595,6 +630,7 @@ class RolloutPass:
             self.states[pod], decision.step, self.goal, load, membership, stage=stage
         )
         if decision.step == Step.RESUME:
+            await self._resumed_together(pod)
             await self._route(pod, True, "Serving", f"serves revision {self.goal.revision}, verified")
         self.memory.durations.setdefault(self.key, {}).setdefault(decision.step.value, []).append(seconds)
         self.ctx.metrics.step_duration.labels(*self.fleet_labels, decision.step.value, self.plan.mode.value).observe(
@@ -642,6 +678,36 @@ class RolloutPass:
         why = f"moving to revision {self.goal.revision}"
         await asyncio.gather(*(self._route(p, False, "Updating", why) for p in pauses))
         self.routed_out.update(pauses)
+
+    def _resume_together(self, chosen: dict[str, Decision]) -> None:
+        """AllAtOnce: pods resumed together are routed back into the Service once all of them resumed.
+
+        The mirror of ``_route_out_together``: the Kubernetes writes of the first pods to resume would
+        otherwise compete with the later pods' resumes for the operator's (and the API server's) CPU and
+        spread the fleet's resume, which is the end of its out-of-service window.
+        """
+        resumes = [p for p, d in chosen.items() if d.step == Step.RESUME]
+        if self.plan.rollout != RolloutType.ALL_AT_ONCE or len(resumes) < 2:
+            return
+        batch = _Batch(set(resumes))
+        for pod in resumes:
+            self.resume_batch[pod] = batch
+
+    async def _resumed_together(self, pod: str) -> None:
+        """Wait (bounded) until every pod of this pod's resume batch resumed or failed to."""
+        batch = self._leave_batch(pod)
+        if batch is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(batch.done.wait(), RESUME_BATCH_SECONDS)
+
+    def _leave_batch(self, pod: str) -> _Batch | None:
+        """The pod's resume is over (done or failed): the others of its batch no longer wait for it."""
+        batch = self.resume_batch.pop(pod, None)
+        if batch is not None:
+            batch.pending.discard(pod)
+            if not batch.pending:
+                batch.done.set()
+        return batch
 
     async def _route(self, pod: str, value: bool, reason: str, message: str) -> None:
         """Open or close the pod to traffic (its gate and its engine's admission: ``reconcile.gates``)."""

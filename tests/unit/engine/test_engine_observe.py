@@ -123,3 +123,32 @@ async def test_a_reset_answer_without_success_is_not_a_reset(client: EngineClien
     sim.add_fault(FaultRule(step="reset_prefix_cache", kind=FaultKind.HTTP_ERROR, status=200, body="", count=None))
     with pytest.raises(EngineProtocolError):
         await client.reset_prefix_cache()
+
+
+# --- recheck: the read right before a resume ----------------------------------------------------------
+
+
+async def test_recheck_reads_only_the_admission_and_the_extension_state(
+    client: EngineClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before a resume the operator has just set pause, sleep and version and seen them acknowledged; what
+    can have changed is the weights (the extension's report) or the process (the admission's instance). Two
+    requests instead of five per engine keep the fleet's resume from being one burst of reads."""
+    known = await client.observe()
+    assert known.instance is not None
+
+    async def not_read(*_args: object, **_kwargs: object) -> object:
+        raise AssertionError("recheck must not read this")
+
+    for name in ("is_paused", "is_sleeping", "_weight_info_or_absent"):
+        monkeypatch.setattr(client, name, not_read)
+    stale = dataclasses.replace(known, verifier=dataclasses.replace(known.verifier, revision=99, digest=None))
+    again = await client.recheck(stale)
+    assert again == known  # the extension's report replaced the stale weights; the rest is what was known
+
+
+async def test_recheck_of_another_process_is_a_full_observe(client: EngineClient) -> None:
+    """A process other than the one observed (it restarted) makes everything known about it void."""
+    known = await client.observe()
+    other = dataclasses.replace(known, instance="a-process-that-is-gone", paused=True, sleeping=True)
+    assert await client.recheck(other) == known

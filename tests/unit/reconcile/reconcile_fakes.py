@@ -166,7 +166,7 @@ class Harness:
         ip = f"{IP_PREFIX}.{0 if listening else 1}.{index}"
         if listening:
             engine_ = await self.sim.add(ip, self.port)
-            engine_.log = engine_.core.log = OrderedLog(self._order)
+            engine_.log = engine_.core.log = engine_.core.staging.log = OrderedLog(self._order)
         self.kube.add_pod(
             self.namespace, name, ip, labels=labels.selector_labels(self.fleet), readiness_gates=self.readiness_gates
         )

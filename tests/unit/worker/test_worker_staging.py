@@ -520,18 +520,21 @@ def test_the_model_gets_private_copies_of_the_staged_bytes(ckpt: dict[str, Path]
 
 
 def test_stage_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Staging shares the host with a serving engine: a few readers by default, no cap unless asked, and
-    a malformed value means the default, never a crash."""
-    assert options.stage_threads() == 4 and options.stage_gbps() == 0.0
+    """Staging shares the host with a serving engine: a few readers and a 2 GB/s cap by default (measured on
+    the H200: uncapped staging halved a steady load's throughput, 2 GB/s left it at its idle speed), ``0``
+    uncaps on purpose, and a malformed value means the default, never a crash."""
+    assert options.stage_threads() == 4 and options.stage_gbps() == options.DEFAULT_STAGE_GBPS == 2.0
     monkeypatch.setenv(options.STAGE_THREADS_ENV, "16")
     monkeypatch.setenv(options.STAGE_GBPS_ENV, "2.5")
     assert options.stage_threads() == 16 and options.stage_gbps() == 2.5
     for bad in ("0", "-3", "many"):
         monkeypatch.setenv(options.STAGE_THREADS_ENV, bad)
         assert options.stage_threads() == 4
-    for bad in ("-1", "fast", "nan", "inf", "0"):
+    for bad in ("-1", "fast", "nan", "inf"):
         monkeypatch.setenv(options.STAGE_GBPS_ENV, bad)
-        assert options.stage_gbps() == 0.0
+        assert options.stage_gbps() == options.DEFAULT_STAGE_GBPS
+    monkeypatch.setenv(options.STAGE_GBPS_ENV, "0")
+    assert options.stage_gbps() == 0.0
 
 
 def test_the_pace_holds_the_cap() -> None:
@@ -598,3 +601,150 @@ def test_a_commit_hashes_large_tensors_on_the_device(tmp_path: Path) -> None:
         [sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr
+
+
+# -- tuning: per-stage threads, cap and registration chunks ----------------------------------------------
+
+
+class FakePinner:
+    """Records every registration and unregistration; refuses the ``refuse``-th registration (1-based)."""
+
+    def __init__(self, refuse: int | None = None) -> None:
+        self.registered: list[tuple[int, int]] = []
+        self.unregistered: list[int] = []
+        self.refuse = refuse
+        self.calls = 0
+
+    def register(self, address: int, length: int) -> bool:
+        self.calls += 1
+        if self.calls == self.refuse:
+            return False
+        self.registered.append((address, length))
+        return True
+
+    def unregister(self, address: int) -> None:
+        self.unregistered.append(address)
+
+
+def test_an_area_registers_in_chunks_and_releases_every_chunk() -> None:
+    """Chunked page-locking: one driver call per chunk (whole pages, the last one shorter), and the release
+    unregisters every chunk; without a chunk the whole area is one call, as before."""
+    page = staging_area.mmap.PAGESIZE
+    area = staging_area.HostArea(10 * page - 7)
+    pinner = FakePinner()
+    assert area.pin(pinner, chunk=3 * page - 100) and area.pinned  # rounded up to 3 pages
+    assert pinner.registered == [
+        (area.address, 3 * page),
+        (area.address + 3 * page, 3 * page),
+        (area.address + 6 * page, 3 * page),
+        (area.address + 9 * page, page),
+    ]
+    starts = [a for a, _ in pinner.registered]
+    assert area.release() == 10 * page - 7
+    assert pinner.unregistered == starts and not area.pinned and area.release() == 0
+
+    whole, pinner = staging_area.HostArea(5 * page), FakePinner()
+    assert whole.pin(pinner)
+    assert pinner.registered == [(whole.address, 5 * page)]
+    whole.release()
+    assert pinner.unregistered == [pinner.registered[0][0]]
+
+
+def test_a_refused_chunk_unregisters_the_chunks_before_it() -> None:
+    page = staging_area.mmap.PAGESIZE
+    area, pinner = staging_area.HostArea(8 * page), FakePinner(refuse=3)
+    assert area.pin(pinner, chunk=2 * page) is False and not area.pinned
+    assert pinner.unregistered == [area.address, area.address + 2 * page]
+    area.release()
+    assert len(pinner.unregistered) == 2  # nothing unregistered twice
+
+
+def test_a_stop_between_chunks_leaves_the_registered_ones_to_the_release() -> None:
+    page = staging_area.mmap.PAGESIZE
+    area, pinner, stop = staging_area.HostArea(4 * page), FakePinner(), threading.Event()
+
+    def register(address: int, length: int) -> bool:
+        stop.set()  # the stage is stopped while its first chunk registers
+        return FakePinner.register(pinner, address, length)
+
+    pinner.register = register  # type: ignore[method-assign]
+    start = area.address
+    with pytest.raises(loader_base.StoppedError):
+        area.pin(pinner, chunk=page, stop=stop)
+    assert pinner.registered == [(start, page)] and area.pinned
+    area.release()
+    assert pinner.unregistered == [start]
+
+
+def test_a_stage_pins_in_chunks_and_its_release_unregisters_them_all(
+    ckpt: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pin_chunk_bytes`` (the stage kwarg, else ``ROLLOUTFLEET_STAGE_PIN_CHUNK_BYTES``) splits each
+    filled area's registration; every chunk is unregistered when the stage goes, and the bytes stay right."""
+    pinner = FakePinner()
+    monkeypatch.setattr(staging_area.Stage, "_pinner", lambda self: pinner)
+    page = staging_area.mmap.PAGESIZE
+    w = worker()
+    res = w.rolloutfleet_stage(1, str(ckpt["v1"]), str(ckpt["d1"]), None, threads=2, gbps=0, pin_chunk_bytes=page)
+    assert res["ok"] is True
+    st = settle(w)
+    assert (
+        st is not None and st["phase"] == "staged" and st["verifier"]["digest"] == digest.digest_directory(ckpt["v1"])
+    )
+    held = staging.held(w)
+    assert held is not None and held.threads == 2 and held.gbps == 0.0 and held.pin_chunk_bytes == page
+    areas = [a for c in held.checkpoints for a in c.areas]
+    assert held.pinned_bytes == sum(a.length for a in areas)
+    assert len(pinner.registered) == sum(a.size // page for a in areas) > len(areas)
+    assert all(length == page for _, length in pinner.registered)
+    staging.unstage(w)
+    assert sorted(pinner.unregistered) == sorted(a for a, _ in pinner.registered)
+
+    monkeypatch.setenv(options.STAGE_PIN_CHUNK_ENV, str(2 * page))
+    assert options.stage_pin_chunk_bytes() == 2 * page
+    assert stage(w, 2, ckpt["v2"])["ok"] and settle(w) is not None
+    held = staging.held(w)
+    assert held is not None and held.pin_chunk_bytes == 2 * page
+    for bad in ("0", "-1", "lots"):
+        monkeypatch.setenv(options.STAGE_PIN_CHUNK_ENV, bad)
+        assert options.stage_pin_chunk_bytes() is None  # the whole area in one call
+
+
+def test_tuning_kwargs_override_the_environment_and_bad_ones_are_refused(
+    ckpt: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``threads`` (1..64), ``gbps`` (>= 0, finite) and ``pin_chunk_bytes`` (> 0) override the environment
+    for one stage; a malformed one answers ``internal`` with what was wrong and keeps the held stage."""
+    monkeypatch.setenv(options.STAGE_THREADS_ENV, "8")
+    monkeypatch.setenv(options.STAGE_GBPS_ENV, "3")
+    w = worker()
+    assert stage(w, 1, ckpt["v1"])["ok"]
+    held = staging.held(w)
+    assert held is not None and held.threads == 8 and held.gbps == 3.0 and held.pin_chunk_bytes is None
+    bad: list[dict[str, Any]] = [
+        {"threads": 0},
+        {"threads": 65},
+        {"threads": True},
+        {"threads": "4"},
+        {"threads": 2.0},
+        {"gbps": -1},
+        {"gbps": "fast"},
+        {"gbps": float("inf")},
+        {"gbps": float("nan")},
+        {"gbps": False},
+        {"pin_chunk_bytes": 0},
+        {"pin_chunk_bytes": -4096},
+        {"pin_chunk_bytes": 1.5},
+    ]
+    for kwargs in bad:
+        res = w.rolloutfleet_stage(2, str(ckpt["v2"]), **kwargs)
+        assert res["ok"] is False and res["error"]["code"] == "internal", (kwargs, res)
+        assert next(iter(kwargs)) in res["error"]["message"]
+        assert staging.held(w) is held
+    assert w.rolloutfleet_stage(2, str(ckpt["v2"]), threads=1, gbps=0.0)["ok"]
+    held = staging.held(w)
+    assert held is not None and held.threads == 1 and held.gbps == 0.0
+    assert settle(w) is not None
+    assert w.rolloutfleet_stage(3, str(ckpt["v1"]), threads=64, gbps=2)["ok"]
+    held = staging.held(w)
+    assert held is not None and held.threads == 64 and held.gbps == 2.0

@@ -8,6 +8,7 @@ and the report are checked here.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import sys
 import time
@@ -115,3 +116,64 @@ def test_a_run_where_everything_failed_still_reports() -> None:
 
     assert asyncio.run(staged_update.guarded(boom())) == {"error": "ValueError: nope"}
     assert staged_update.guarded_sync(lambda: 1 / 0) == {"error": "ZeroDivisionError: division by zero"}
+
+
+def test_latency_percentiles_of_the_window() -> None:
+    requests = [(0.5, 9.0)] + [(1.0 + i / 100, 0.1 + i / 1000) for i in range(100)] + [(3.0, 9.0)]
+    got = staged_update.latency(requests, 1.0, 2.0)
+    assert got is not None and got["n"] == 100
+    assert got["p50"] == pytest.approx(0.149) and got["p99"] == pytest.approx(0.198) and got["max"] == 0.199
+    assert staged_update.latency(requests, 5.0, 6.0) is None
+
+
+class _FakeClient:
+    """The operator client's calls the sweep makes: a stage is staged at once, one tuning is refused."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.staged: dict[str, Any] | None = None
+
+    async def collective_rpc(self, method: str, kwargs: dict[str, Any], idempotent: bool = False) -> list[Any]:
+        assert method == "rolloutfleet_stage" and idempotent
+        await asyncio.sleep(0.01)  # a stage takes time: the window holds a few
+        self.sent.append(kwargs)
+        if kwargs["threads"] == 1:
+            return [{"ok": False, "error": {"code": "internal", "message": "no"}}]
+        self.staged = {"revision": kwargs["revision"], "phase": "staged", "seconds": 0.01, "bytes_total": 10**9}
+        return [{"ok": True, "stage": self.staged}]
+
+    async def extension_state(self) -> list[dict[str, Any]]:
+        return [{"staged": self.staged}]
+
+    async def unstage(self) -> int:
+        self.staged = None
+        return 0
+
+
+def test_the_sweep_sends_each_tuning_and_records_a_refusal() -> None:
+    client = _FakeClient()
+    load = staged_update.SteadyLoad("http://unused", [], 8)
+    now = time.perf_counter()
+    load.completions = [(now + 0.01 * i, 8) for i in range(300)]
+    load.latencies = [(now + 0.01 * i, 0.2) for i in range(300)]
+    goals = [{"verifier": "/v", "draft": "/d"}]
+    rows = asyncio.run(staged_update._sweep(client, load, goals, itertools.count(1), 0.05, gap_s=0.0))
+    assert [r["name"] for r in rows] == [s["name"] for s in staged_update.SWEEP]
+    assert {(k["threads"], k["gbps"], k["pin_chunk_bytes"]) for k in client.sent} == {
+        (s["threads"], s["gbps"], s["pin_chunk_bytes"]) for s in staged_update.SWEEP
+    }
+    refused = [r for r in rows if r["threads"] == 1]
+    assert len(refused) == 1 and "refused" in refused[0]["result"]["error"]
+    ok = [r for r in rows if r["threads"] != 1]
+    assert all(r["result"]["stage_s"] and r["result"]["latency_s"]["p50"] == 0.2 for r in ok)
+
+    out = _run()
+    out["staged_engine"]["staging_sweep"] = rows
+    out["staged_engine"]["idle"]["latency_s"] = {"p50": 0.15, "p99": 0.3}
+    out["staged_summary"] = staged_update.summarize(out)
+    sweep = out["staged_summary"]["staging_sweep"]
+    assert [r["name"] for r in sweep] == [s["name"] for s in staged_update.SWEEP]
+    assert sweep[0]["latency_p50_s"] == 0.2 and sweep[0]["stage_s_median"] is not None
+    text = "\n".join(staged_update.report_lines(out))
+    assert "| t4-uncapped-pin256MiB | 4 | none | 256 MiB |" in text and "| t2-cap1 | 2 | 1 | whole area |" in text
+    assert "t1-uncapped" in text and "error: RuntimeError" in text

@@ -1,0 +1,53 @@
+"""Staged updates through real reconcile passes (``FakeKube``, simulated engines, one process).
+
+Orders are read from the engines' call logs, whose entries share one harness-wide ``order`` counter.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+from reconcile_fakes import call_name, harness, ok_calls
+
+from rolloutfleet.sim.config import FaultKind, FaultRule
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+STAGING = {"enabled": True, "hostMemoryLimit": "1Gi"}
+
+
+async def test_all_at_once_every_engine_leaves_the_service_before_any_pauses(tmp_path: pathlib.Path) -> None:
+    """AllAtOnce takes the whole fleet out of the Service first and then pauses it as one: clients that reach
+    the engines directly are served until the fleet pauses, and the pauses are not spread by the Kubernetes
+    writes of the other pods (each pod still leaves the Service before its own pause)."""
+    async with harness(tmp_path, replicas=4, mode="inflight") as h:
+        # One pod's way out of the Service is slow: without the fleet-wide withdrawal first, the others
+        # would pause before it is out.
+        h.engine("policy-2").add_fault(FaultRule(step="withdraw", kind=FaultKind.SLOW, delay=0.3, count=None))
+        h.apply_revision("step-1", 1)
+        await h.settle()
+        logs = h.logs()
+        last_withdraw = max(e["order"] for log in logs.values() for e in ok_calls(log) if call_name(e) == "withdraw")
+        first_pause = min(e["order"] for log in logs.values() for e in ok_calls(log) if call_name(e) == "pause:keep")
+        assert last_withdraw < first_pause
+        assert all(h.served(p) == (1, 1, False) for p in h.pods)
+
+
+async def test_staged_rollout_stages_every_engine_before_any_pause_and_commits(tmp_path: pathlib.Path) -> None:
+    """Staging on: every engine stages while serving, nobody pauses before all staged, both loads are
+    commits, and the revision's status says every pod staged and committed."""
+    async with harness(tmp_path, replicas=3, mode="inflight", staging=STAGING) as h:
+        h.apply_revision("step-1", 1)
+        await h.settle()
+        logs = h.logs()
+        staged = [e for log in logs.values() for e in log if e["step"] == "stage_finished"]
+        first_pause = min(e["order"] for log in logs.values() for e in ok_calls(log) if call_name(e) == "pause:keep")
+        assert len(staged) == 3 and max(e["order"] for e in staged) < first_pause
+        for log in logs.values():
+            commits = [e for e in ok_calls(log) if e["step"] == "rolloutfleet_load"]
+            assert len(commits) == 2 and all(e.get("staged") for e in commits)
+        status = h.revision_status("step-1")
+        assert status["phase"] == "Succeeded"
+        assert status["staging"] == {"podsStaged": 3, "podsFallback": 0, "message": ""}
+        assert {p["staging"] for p in status["pods"]} == {"Committed"}
