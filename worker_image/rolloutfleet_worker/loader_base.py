@@ -9,16 +9,19 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import os
+import queue
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar, cast
 
 import torch
 
 from rolloutfleet_worker import digest
 from rolloutfleet_worker.paths import under_roots
+
+T = TypeVar("T")
 
 CHUNK_BYTES = 16 << 20  # read path: per preadv and per hash update
 WINDOW_BYTES = 256 << 20  # mapped path: page-locked per cudaHostRegister
@@ -259,3 +262,34 @@ class ErrorLatch:
             if self.error is None:
                 self.error = exc
         self.stop.set()
+
+
+def device_buffer(copies: Any, n: int, staged: Budget, latch: ErrorLatch) -> torch.Tensor | None:
+    """A GPU staging tensor of ``n`` bytes (``copies.empty``); on OOM wait until the model drained what is
+    staged (``staged``: bytes handed out, ours counted already), then try once more; None: no room at all.
+    Shared by the mapped and the staged pipelines' copier threads."""
+    try:
+        return cast(torch.Tensor, copies.empty(n))
+    except torch.cuda.OutOfMemoryError:
+        while staged.used > n:
+            if latch.stop.is_set():
+                raise StoppedError from None
+            threading.Event().wait(POLL)
+        try:
+            return cast(torch.Tensor, copies.empty(n))
+        except torch.cuda.OutOfMemoryError:
+            return None
+
+
+def next_queued(items: queue.Queue[T | None], latch: ErrorLatch) -> T | None:
+    """The next item a copier thread queued for ``load_weights`` (None: the copier ended); raises the first
+    error any stage latched. Polls so that a stop is seen even while nothing is queued."""
+    while True:
+        if latch.error is not None:
+            raise latch.error
+        if latch.stop.is_set() and items.empty():
+            return None
+        try:
+            return items.get(timeout=POLL)
+        except queue.Empty:
+            continue

@@ -48,7 +48,9 @@ from rolloutfleet_worker.loader_base import (
     HostPinner,
     LoadOptions,
     StoppedError,
+    device_buffer,
     memory,
+    next_queued,
     open_file,
     read_into,
     torch_dtype,
@@ -390,18 +392,7 @@ class MappedPipeline:
         return result
 
     def _device_buffer(self, n: int) -> torch.Tensor | None:
-        """A staging tensor; on OOM wait for the model to drain what is staged, then try once more."""
-        try:
-            return self.copies.empty(n)
-        except torch.cuda.OutOfMemoryError:
-            while self.staged.used > n:  # ours is counted already
-                if self.latch.stop.is_set():
-                    raise StoppedError from None
-                threading.Event().wait(POLL)
-            try:
-                return self.copies.empty(n)
-            except torch.cuda.OutOfMemoryError:
-                return None
+        return device_buffer(self.copies, n, self.staged, self.latch)
 
     # -- hasher thread -------------------------------------------------------------------------------
 
@@ -461,12 +452,4 @@ class MappedPipeline:
                 self.staged.release(info.nbytes)
 
     def _next(self) -> tuple[_Tensor, torch.Tensor, Any, bool] | None:
-        while True:
-            if self.latch.error is not None:
-                raise self.latch.error
-            if self.latch.stop.is_set() and self.to_feed.empty():
-                return None
-            try:
-                return self.to_feed.get(timeout=POLL)
-            except queue.Empty:
-                continue
+        return next_queued(self.to_feed, self.latch)

@@ -39,7 +39,9 @@ from rolloutfleet_worker.loader_base import (
     ErrorLatch,
     LoadOptions,
     StoppedError,
+    device_buffer,
     memory,
+    next_queued,
     torch_dtype,
 )
 from rolloutfleet_worker.loader_cuda import CudaCopies, HostCopies, device_hash_works
@@ -203,18 +205,7 @@ class StagedPipeline:
         return result, done
 
     def _device_buffer(self, n: int) -> torch.Tensor | None:
-        """A staging tensor; on OOM wait for the model to drain what is staged, then try once more."""
-        try:
-            return self.copies.empty(n)
-        except torch.cuda.OutOfMemoryError:
-            while self.budget.used > n:  # ours is counted already
-                if self.latch.stop.is_set():
-                    raise StoppedError from None
-                threading.Event().wait(POLL)
-            try:
-                return self.copies.empty(n)
-            except torch.cuda.OutOfMemoryError:
-                return None
+        return device_buffer(self.copies, n, self.budget, self.latch)
 
     # -- hasher thread -------------------------------------------------------------------------------
 
@@ -270,12 +261,4 @@ class StagedPipeline:
                 self.budget.release(info.nbytes)
 
     def _next(self) -> tuple[_Tensor, torch.Tensor, Any] | None:
-        while True:
-            if self.latch.error is not None:
-                raise self.latch.error
-            if self.latch.stop.is_set() and self.to_feed.empty():
-                return None
-            try:
-                return self.to_feed.get(timeout=POLL)
-            except queue.Empty:
-                continue
+        return next_queued(self.to_feed, self.latch)

@@ -43,7 +43,6 @@ MARKS_WAIT_SECONDS = 1.0  # a pass waits this long for the trainer's mark before
 # The fleet's per-pod status is rewritten at most this often during a pass: a long pass (slow loads,
 # retries) would otherwise leave status.pods behind the engines until it ended (the soak measured 3 s+).
 FLEET_STATUS_INTERVAL = 1.0
-RESUME_READ_SECONDS = 2.0  # a resume relies on a read of the engine at most this old
 RESUME_BATCH_SECONDS = 5.0  # a pod resumed with others waits at most this long for them before its admit
 FAULT_REASONS = {
     EngineFault.UNAUTHORIZED: "EngineUnauthorized",
@@ -116,7 +115,6 @@ class RolloutPass:
         self.states: dict[str, engine.EngineState] = {}
         self.stale: set[str] = set(self.order)  # pods whose state must be read from the engine
         self.fresh: set[str] = set()  # pods read from the engine since their last step
-        self.read_at: dict[str, float] = {}  # when each pod was last read from its engine (monotonic)
         self.changed: set[str] = set(self.order)  # pods whose decision must be derived again
         self.inflight: dict[str, asyncio.Task[None]] = {}  # pods with a step running
         self.routed_out: set[str] = set()  # pods taken out of the Service ahead of their PAUSE step
@@ -271,20 +269,8 @@ class RolloutPass:
                 inflight=self.inflight,
                 unavailable=self.pods.not_routed | self.pods.starting,
             )
-            # Resume only on a state read from the engine now, not on acknowledgements: pods waiting at the
-            # barrier are read once, when they are about to resume (not after every other pod's step).
-            unread = {p for p, d in chosen.items() if d.step == Step.RESUME and not self._read_recently(p)}
-            if unread:
-                self.stale |= unread
-                chosen = {p: d for p, d in chosen.items() if p not in unread}
+            # (A resume reads its engine itself, right before it resumes it: ``_still_ready``.)
             chosen = {p: d for p, d in chosen.items() if p not in self.restarted}  # gone: the next pass sees
-            # Pods arriving at the AllAtOnce barrier are read now, while others still load, so that the read
-            # every resume needs is not one burst for the whole fleet after the last pod arrived.
-            self.stale |= {
-                p
-                for p, d in self.decisions.items()
-                if d.step == Step.RESUME and p not in chosen and p not in self.inflight and p not in self.fresh
-            }
             opens = [p for p, d in chosen.items() if d.step in push.OPEN_STEPS]
             if opens:  # one epoch per set of sessions opened together (docs/push.md, "Handshake")
                 self.push_epoch = push.next_epoch(self.push_epoch, self.states.values())
@@ -301,8 +287,6 @@ class RolloutPass:
                 return PassOutcome(again=True, idle=False)
             poll = staging.poll_seconds(self.decisions, self.states)
             if not self.inflight:
-                if unread:
-                    continue
                 if poll is not None:
                     # Engines stage while they serve: read them again about when the soonest should be done.
                     await self._write_status()
@@ -399,22 +383,13 @@ class RolloutPass:
         after the first read only pods that failed, or that are about to resume or be called done, are read.
         """
         read = [p for p in self.order if p in self.stale and p not in self.inflight]
-        # A pod about to resume is read again in full only when its process may have changed (``recheck``).
-        reads = [
-            self.clients[p].recheck(self.states[p])
-            if p in self.states and self.decisions.get(p, Decision(Step.PAUSE)).step == Step.RESUME
-            else self.clients[p].observe()
-            for p in read
-        ]
-        for pod, state in zip(read, await asyncio.gather(*reads), strict=True):
+        for pod, state in zip(read, await asyncio.gather(*(self.clients[p].observe() for p in read)), strict=True):
             self.states[pod] = state
             if pod not in self.inflight:  # read after its open returned: what the engine holds is known
                 self._confirm(pod)
         self.reads += len(read)
         self.stale.difference_update(read)
         self.fresh.update(read)
-        now = time.monotonic()
-        self.read_at.update(dict.fromkeys(read, now))
         self.changed.update(read)
         now = time.monotonic()
         self._mark_group(now)
@@ -430,17 +405,31 @@ class RolloutPass:
             decision = self._decide(pod, goal, now)
             self.decisions[pod] = decision
         for pod in read:
-            recorded = staging.outcome(self.goal, self.states[pod], self.staging.get(pod))
-            if recorded is not None:
-                self.staging[pod] = recorded
+            self._record_staging(pod)
         self._remember_states()
         self.memory.steps = {p: d.step.value for p, d in self.decisions.items()}
         return set(read)
 
-    def _read_recently(self, pod: str) -> bool:
-        """Read since its last step, and not long ago: what a resume may rely on (a pod that waited long at the
-        barrier is read again, as its engine may have changed meanwhile)."""
-        return pod in self.fresh and time.monotonic() - self.read_at.get(pod, 0.0) <= RESUME_READ_SECONDS
+    async def _still_ready(self, pod: str) -> bool:
+        """Resume only on what the engine says now, not on acknowledgements: read it (``recheck``: its process
+        and what the extension holds) right before the resume, inside the resume's own step, so every pod of
+        a fleet resumed together is read in parallel with the others' resumes instead of in one read round
+        after the barrier opened. A pod that is not ready any more is decided again from a full read."""
+        state = await self.clients[pod].recheck(self.states[pod])
+        self.states[pod] = state
+        self.reads += 1
+        self._record_staging(pod)
+        if transaction.next_step(self.decided_goal or self.goal, state).step != Step.RESUME:
+            self.stale.add(pod)
+            return False
+        self.verified.add(pod)
+        return True
+
+    def _record_staging(self, pod: str) -> None:
+        """What the pod's staging came to, from what its engine was just read holding (the status shows it)."""
+        recorded = staging.outcome(self.goal, self.states[pod], self.staging.get(pod))
+        if recorded is not None:
+            self.staging[pod] = recorded
 
     def _stage_due(self) -> None:
         """Read the staging engines again (their stage progressed while the pass waited)."""
@@ -591,6 +580,9 @@ class RolloutPass:
         self.routed_out.discard(pod)
         if decision.step == Step.RESTART_POD:
             await self._restart(pod, decision.reason)
+            return
+        if decision.step == Step.RESUME and not await self._still_ready(pod):
+            self._leave_batch(pod)
             return
         membership = push.membership(self.group, pod)
         session = executor.SessionContext(

@@ -5,12 +5,13 @@ Orders are read from the engines' call logs, whose entries share one harness-wid
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 
 import pytest
 from reconcile_fakes import call_name, harness, ok_calls
 
-from rolloutfleet.sim.config import FaultKind, FaultRule
+from rolloutfleet.sim.config import FaultKind, FaultRule, Latencies
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -51,3 +52,29 @@ async def test_staged_rollout_stages_every_engine_before_any_pause_and_commits(t
         assert status["phase"] == "Succeeded"
         assert status["staging"] == {"podsStaged": 3, "podsFallback": 0, "message": ""}
         assert {p["staging"] for p in status["pods"]} == {"Committed"}
+
+
+async def test_an_engine_that_restarts_after_staging_is_staged_again(tmp_path: pathlib.Path) -> None:
+    """A restarted engine has lost its stage (it lived in the process), and the operator remembers none: it
+    reads the new process (serving, no stage) and stages it again before it may pause, so the whole fleet
+    still commits from staged bytes and pauses only for the commit."""
+    async with harness(tmp_path, replicas=3, mode="inflight", staging=STAGING, max_retries=2) as h:
+        restarted, slow = h.pods[0], h.pods[2]
+        # The slow pod stages for longer: the others wait (serving) at the AllAtOnce barrier meanwhile.
+        engine = h.engine(slow)
+        engine.latencies = engine.core.lat = engine.core.staging.lat = Latencies(stage_s=0.5)
+
+        async def restart_once_staged() -> None:
+            await h.wait_for([restarted], lambda log: any(e["step"] == "stage_finished" for e in log))
+            await h.engine(restarted).restart()
+
+        h.apply_revision("step-1", 1)
+        await asyncio.gather(h.settle(), restart_once_staged())
+        assert all(h.served(p) == (1, 1, False) for p in h.pods)
+        log = h.engine_log(restarted)
+        steps = [e["step"] for e in log if e["step"] in ("restart", "stage_finished", "pause")]
+        assert steps == ["stage_finished", "restart", "stage_finished", "pause"], steps
+        for pod in h.pods:
+            commits = [e for e in ok_calls(h.engine_log(pod)) if e["step"] == "rolloutfleet_load"]
+            assert len(commits) == 2 and all(e.get("staged") for e in commits), (pod, commits)
+        assert h.revision_status("step-1")["phase"] == "Succeeded"
