@@ -518,13 +518,22 @@ class EngineClient:
         just set and saw acknowledged: what can have changed since is what the extension reports (its
         weights, digests, residency, stage) or the process itself. A process other than ``known``'s (it
         restarted), or an engine that cannot be read, gets a full ``observe``.
+
+        The two reads go out together (``observe`` reads the admission first so that an admit can never name
+        a newer process than the weights it saw): here the instance must equal ``known``'s, and instances are
+        never reused, so a state answered by a newer process is either refused by that comparison (the
+        admission came from the newer one) or is that process's initial weights, which no resume accepts.
         """
-        try:
-            admitted, instance = await self.admission(deadline=deadline)
-            if known.instance is None or instance != known.instance:
-                return await self.observe(deadline=deadline)
-            states = await self.extension_state(deadline=deadline)
-        except wire.EngineError:
+        admission, states = await asyncio.gather(
+            self.admission(deadline=deadline), self.extension_state(deadline=deadline), return_exceptions=True
+        )
+        for answer in (admission, states):
+            if isinstance(answer, BaseException) and not isinstance(answer, wire.EngineError):
+                raise answer
+        if isinstance(admission, BaseException) or isinstance(states, BaseException):
+            return await self.observe(deadline=deadline)
+        admitted, instance = admission
+        if known.instance is None or instance != known.instance:
             return await self.observe(deadline=deadline)
         state = state_from_wire(
             paused=known.paused, sleeping=known.sleeping, weight_version=known.weight_version, states=states
