@@ -75,7 +75,7 @@ def kube_cluster(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathF
     local = cluster.Cluster(
         tmp_path_factory.mktemp("kube"),
         name="pytest",
-        nodes=8,  # 64 GPUs: test_staging's 64-pod AllAtOnce fleet
+        nodes=4,
         gpus_per_node=8,
         # Pod IPs 127.1.128.x and up: disjoint from a `sandbox up` cluster (127.1.0.x ...) that may be
         # running with simulated engines on the same machine.

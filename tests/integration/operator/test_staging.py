@@ -20,6 +20,7 @@ from operator_process import OperatorProcess, start_operator, stop_operator
 from sim_harness import FollowerThread, out_of_service_intervals, step_names, write_checkpoint
 from test_revisions import make_fleet, phase_is, wait_engines, wrev
 
+from rolloutfleet.sandbox import nodes
 from rolloutfleet.sim.config import Latencies
 
 pytestmark = pytest.mark.integration
@@ -216,8 +217,33 @@ def test_operator_killed_between_stage_and_commit_converges(
 
 
 @pytest.fixture
-def big_fleet(operator_process: Any, k8s_api: client.ApiClient, namespace: str) -> Iterator[FollowerThread]:
+def big_fleet(
+    operator_process: Any, k8s_api: client.ApiClient, namespace: str, more_gpus: None
+) -> Iterator[FollowerThread]:
     yield from _follower(k8s_api, namespace, Latencies(stage_s=STAGE_S, commit_s=COMMIT_S))
+
+
+@pytest.fixture
+def more_gpus(k8s_api: client.ApiClient) -> Iterator[None]:
+    """Four more fake 8-GPU nodes for a 64-pod fleet, removed after the test: the session's cluster keeps four,
+    so the tests after this one do not share the machine with twice the node heartbeats."""
+    core = client.CoreV1Api(k8s_api)
+    used = [int(str(n.spec.pod_cidr).split(".")[2]) for n in core.list_node().items if n.spec and n.spec.pod_cidr]
+    names = []
+    try:
+        for i in range(4):
+            body = nodes.fake_gpu_node(i, prefix="gpu-node-staging", subnet=max(used) + 1 + i)
+            core.create_node(body)
+            names.append(body["metadata"]["name"])
+        eventually(
+            lambda: all(nodes.is_ready(k8s_api.sanitize_for_serialization(core.read_node(n))) for n in names),
+            timeout=60,
+            what="the extra nodes ready",
+        )
+        yield
+    finally:
+        for name in names:
+            core.delete_node(name)
 
 
 COMMIT_S = 0.3  # the simulated commit of one target (pinned host memory → GPU)
