@@ -11,7 +11,7 @@ import dataclasses
 import os
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar, cast
@@ -293,3 +293,28 @@ def next_queued(items: queue.Queue[T | None], latch: ErrorLatch) -> T | None:
             return items.get(timeout=POLL)
         except queue.Empty:
             continue
+
+
+Queued = tuple[digest.TensorInfo, torch.Tensor, Any]  # a tensor's place, its GPU (or private host) copy, its event
+
+
+def handed_out(
+    next_item: Callable[[], Queued | None], copies: Any, staged: Budget, latch: ErrorLatch
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """What ``load_weights`` iterates, for the mapped and the staged pipelines: each queued copy once the model's
+    stream may use it, viewed as its tensor; its bytes leave ``staged`` once the model let go of it. Raises
+    the first stage error."""
+    while True:
+        item = next_item()
+        if item is None:
+            if latch.error is not None:
+                raise latch.error
+            return
+        info, staging, event = item
+        copies.hand_over(staging, event)
+        tensor = staging.view(torch_dtype(info.dtype, info.file)).reshape(info.shape)
+        try:
+            yield info.name, tensor
+        finally:
+            del tensor, staging
+            staged.release(info.nbytes)

@@ -47,8 +47,10 @@ from rolloutfleet_worker.loader_base import (
     ErrorLatch,
     HostPinner,
     LoadOptions,
+    Queued,
     StoppedError,
     device_buffer,
+    handed_out,
     memory,
     next_queued,
     open_file,
@@ -435,21 +437,8 @@ class MappedPipeline:
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Each fed tensor once its copy is issued, in file order; raises the first stage error."""
-        while True:
-            item = self._next()
-            if item is None:
-                if self.latch.error is not None:
-                    raise self.latch.error
-                return
-            t, staging, event, _on_device = item
-            info = t.info
-            self.copies.hand_over(staging, event)
-            tensor = staging.view(torch_dtype(info.dtype, info.file)).reshape(info.shape)
-            try:
-                yield info.name, tensor
-            finally:
-                del tensor, staging
-                self.staged.release(info.nbytes)
+        return handed_out(self._queued, self.copies, self.staged, self.latch)
 
-    def _next(self) -> tuple[_Tensor, torch.Tensor, Any, bool] | None:
-        return next_queued(self.to_feed, self.latch)
+    def _queued(self) -> Queued | None:
+        item = next_queued(self.to_feed, self.latch)
+        return None if item is None else (item[0].info, item[1], item[2])

@@ -38,8 +38,10 @@ from rolloutfleet_worker.loader_base import (
     Budget,
     ErrorLatch,
     LoadOptions,
+    Queued,
     StoppedError,
     device_buffer,
+    handed_out,
     memory,
     next_queued,
     torch_dtype,
@@ -244,21 +246,8 @@ class StagedPipeline:
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Each fed tensor once its copy is queued, in file order; raises the first thread error."""
-        while True:
-            item = self._next()
-            if item is None:
-                if self.latch.error is not None:
-                    raise self.latch.error
-                return
-            t, staging, event = item
-            info = t.info
-            self.copies.hand_over(staging, event)
-            tensor = staging.view(torch_dtype(info.dtype, info.file)).reshape(info.shape)
-            try:
-                yield info.name, tensor
-            finally:
-                del tensor, staging
-                self.budget.release(info.nbytes)
+        return handed_out(self._queued, self.copies, self.budget, self.latch)
 
-    def _next(self) -> tuple[_Tensor, torch.Tensor, Any] | None:
-        return next_queued(self.to_feed, self.latch)
+    def _queued(self) -> Queued | None:
+        item = next_queued(self.to_feed, self.latch)
+        return None if item is None else (item[0].info, item[1], item[2])
