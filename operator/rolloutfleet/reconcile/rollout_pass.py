@@ -114,7 +114,6 @@ class RolloutPass:
         memory.retain(self.key, set(pods.bodies))
         self.states: dict[str, engine.EngineState] = {}
         self.stale: set[str] = set(self.order)  # pods whose state must be read from the engine
-        self.fresh: set[str] = set()  # pods read from the engine since their last step
         self.changed: set[str] = set(self.order)  # pods whose decision must be derived again
         self.inflight: dict[str, asyncio.Task[None]] = {}  # pods with a step running
         self.routed_out: set[str] = set()  # pods taken out of the Service ahead of their PAUSE step
@@ -279,7 +278,6 @@ class RolloutPass:
             await self._route_out_together(chosen)
             self._resume_together(chosen)
             for pod, decision in chosen.items():
-                self.fresh.discard(pod)
                 self.inflight[pod] = asyncio.create_task(self._step(pod, decision))
             if self.restarted and not self.inflight:
                 # Restarted pods come back on the initial weights, as new pods: the next pass lists them.
@@ -389,7 +387,6 @@ class RolloutPass:
                 self._confirm(pod)
         self.reads += len(read)
         self.stale.difference_update(read)
-        self.fresh.update(read)
         self.changed.update(read)
         now = time.monotonic()
         self._mark_group(now)
