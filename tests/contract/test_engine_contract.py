@@ -458,3 +458,45 @@ async def test_bad_preflights_fail_with_the_extension_codes(
             await engine.preflight(tgt, path)
         assert err.value.code == code, (tgt, path, err.value)
     assert await engine.observe() == before  # a refused pre-flight changes nothing either
+
+
+# --- one observation request (issue 18): the image answers the operator's five reads in one body ------------
+
+OBSERVE_PATH = "/rolloutfleet/observe"
+OBSERVED_ROUTES = {"is_paused": "/is_paused", "is_sleeping": "/is_sleeping", "weight_info": "/weight_info"}
+
+
+async def test_one_observation_answers_what_each_route_answers(target: Target, engine: EngineClient) -> None:
+    """``GET /rolloutfleet/observe`` carries each route's own status and body (the middleware calls vLLM's
+    routes in process), so the operator parses one request exactly as it parsed five. Compared on an
+    engine that holds a pair and is paused, so no field is a default that would match by accident."""
+    await load_pair(engine, target.weights.verifier_b, target.weights.draft_b, 2)
+    await engine.pause(mode="keep")
+    try:
+        status, _, text = await call(target, "GET", OBSERVE_PATH, token=target.token)
+        assert status == 200, text
+        together = json.loads(text)
+        for key, route in OBSERVED_ROUTES.items():
+            alone_status, _, alone_text = await call(target, "GET", route, token=target.token)
+            part = together["routes"][key]
+            assert part["status"] == alone_status, (key, part, alone_text)
+            if alone_status == 200:
+                assert part["body"] == json.loads(alone_text), key
+        assert together["routes"]["is_paused"]["body"] == {"is_paused": True}
+        state = together["routes"]["state"]
+        assert state["status"] == 200
+        assert [r["verifier"]["digest"] for r in state["body"]["results"]] == [
+            r["verifier"]["digest"] for r in await engine.extension_state()
+        ]
+        _, _, ready = await call(target, "GET", READY_PATH)
+        assert together["admission"] == json.loads(ready)  # same process, same (un-admitted) answer
+        observed = await engine.observe()
+        assert observed.paused and observed.pair == (2, 2) and observed.instance == together["admission"]["instance"]
+    finally:
+        await engine.resume()
+
+
+async def test_the_observation_needs_the_bearer_token(target: Target) -> None:
+    for token in (None, "wrong"):
+        status, headers, _ = await call(target, "GET", OBSERVE_PATH, token=token)
+        assert status == 401 and headers.get("WWW-Authenticate") == "Bearer", token

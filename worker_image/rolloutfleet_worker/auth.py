@@ -9,7 +9,9 @@ control route added by a future vLLM is protected before anyone lists it here.
 
 It also serves the admission routes itself (``rolloutfleet_worker.admission``; vLLM has none of them):
 ``GET /rolloutfleet/ready`` is open (the pod's readiness probe, no token), ``POST /rolloutfleet/admit`` and
-``POST /rolloutfleet/withdraw`` need the token like every control route and never reach vLLM.
+``POST /rolloutfleet/withdraw`` need the token like every control route and never reach vLLM. So does
+``GET /rolloutfleet/observe`` (``rolloutfleet_worker.observation``): the operator's whole read of the engine
+in one request, answered by calling vLLM's own routes in process.
 
 The Secret can be replaced while engines run (kubelet swaps the mounted files in place): the file is
 checked again every ``CHECK_INTERVAL_SECONDS`` and before any refusal, and after a change the previous
@@ -29,7 +31,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any, Final
 
-from rolloutfleet_worker import admission
+from rolloutfleet_worker import admission, observation
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -225,6 +227,9 @@ class ControlAuthMiddleware:
             authorized = self._authorized(scope)
         if authorized and kind == "http" and path in admission.CONTROL_PATHS:
             await admission.serve_control(self.admission, scope, receive, send)
+            return
+        if authorized and kind == "http" and path == observation.OBSERVE_PATH:
+            await observation.serve(self.app, self.admission, scope, send)
             return
         if authorized:
             await self.app(scope, receive, send)

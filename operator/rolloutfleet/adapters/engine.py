@@ -38,7 +38,7 @@ import json
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import aiohttp
 
@@ -76,8 +76,10 @@ __all__ = [
 # Routes the image's auth middleware leaves open: they never get the token (least exposure).
 OPEN_EXACT = frozenset({"/health", "/ping", "/metrics", "/version", "/v1", "/rolloutfleet/ready"})
 READY_PATH, ADMIT_PATH, WITHDRAW_PATH = "/rolloutfleet/ready", "/rolloutfleet/admit", "/rolloutfleet/withdraw"
+OBSERVE_PATH = "/rolloutfleet/observe"  # the whole observation in one request (rolloutfleet_worker.observation)
 OPEN_PREFIXES = ("/v1/", "/metrics/")
 RETRYABLE_STATUS = frozenset({502, 503, 504})
+T = TypeVar("T")
 
 
 class LatencyHook(Protocol):
@@ -101,12 +103,15 @@ class EngineClient:
         on_latency: LatencyHook | None = None,
         rng: random.Random | None = None,
         unversioned: dict[str, float] | None = None,
+        apart: dict[str, float] | None = None,
         loads: LoadLedger | None = None,
         credentials: Credentials | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         # Shared by the pool's clients: engines whose /weight_info answered 404, and when (monotonic).
         self._unversioned = unversioned if unversioned is not None else {}
+        # Shared likewise: engines whose image has no /rolloutfleet/observe (read with five requests).
+        self._apart = apart if apart is not None else {}
         # Shared by the pool's clients (each reconcile pass makes new ones): loads of unknown outcome.
         self._loads = loads if loads is not None else LoadLedger()
         self._session = session
@@ -206,10 +211,7 @@ class EngineClient:
 
     async def weight_info(self, *, deadline: float | None = None) -> str | None:
         body = await self._call("GET", "/weight_info", step="weight_info", idempotent=True, deadline=deadline)
-        if not isinstance(body, dict) or "weight_version" not in body:
-            raise EngineProtocolError(f"unexpected /weight_info body: {body!r}", url=self.base_url, step="weight_info")
-        value = body["weight_version"]
-        return None if value is None else str(value)
+        return _weight_version(body, self.base_url)
 
     async def greedy_logprobs(
         self, prompt_token_ids: Sequence[int], max_tokens: int, *, deadline: float | None = None
@@ -276,11 +278,7 @@ class EngineClient:
             idempotent=idempotent,
             deadline=http_timeout or (timeout + RPC_TIMEOUT_MARGIN_SECONDS if timeout else None),
         )
-        if body is None or body == "":
-            return []
-        if not isinstance(body, dict) or not isinstance(body.get("results"), list):
-            raise EngineProtocolError(f"unexpected /collective_rpc body: {body!r}", url=self.base_url, step=method)
-        return cast(list[Any], body["results"])
+        return _rpc_results(body, self.base_url, method)
 
     # --- our worker extension -------------------------------------------------------------------
 
@@ -463,32 +461,27 @@ class EngineClient:
         return wire.states_from_wire(results, url=self.base_url)
 
     async def observe(self, *, deadline: float | None = None) -> api.EngineState:
-        """One snapshot: ``/is_paused``, ``/is_sleeping``, ``/weight_info`` and the extension state, at once.
+        """One snapshot: the admission, ``/is_paused``, ``/is_sleeping``, ``/weight_info`` and the extension state.
 
         An engine that cannot be observed yields ``EngineState.failed(fault, error)``: unreachable (no
         connection, no answer in time, 502/503/504 after retries), unauthorized (401/403), protocol (an
         answer outside the contract), extension (``ok: false``, with its code) or inconsistent (ranks
         disagree). Anything that is not an engine error (a bug) propagates. ``deadline`` bounds each read.
 
-        The admission (with the process's ``instance``) is read first, alone: the instance then names a
-        process at least as old as the weights read after it, so an admit that names it can never admit a
-        newer process that came up on other weights at the same address (it refuses: 409).
+        One request (``GET /rolloutfleet/observe``: the image's middleware answers the five reads in one
+        body, ``rolloutfleet_worker.observation``); an image without that route (404) is read with five
+        requests, and remembered for a while so that it costs one request fewer next time. Either way the
+        admission (with the process's ``instance``) is read first: the instance then names a process at least
+        as old as the weights read after it, so an admit that names it can never admit a newer process that
+        came up on other weights at the same address (it refuses: 409).
         """
-        admission: Any
-        try:
-            admission = await self.admission(deadline=deadline)
-        except wire.EngineError as exc:
-            admission = exc
-        reads: list[Any] = [
-            *await asyncio.gather(
-                self.is_paused(deadline=deadline),
-                self.is_sleeping(deadline=deadline),
-                self._weight_info_or_absent(deadline),
-                self.extension_state(deadline=deadline),
-                return_exceptions=True,
-            ),
-            admission,
-        ]
+        return await self._observed(deadline)
+
+    async def _observed(self, deadline: float | None) -> api.EngineState:
+        """``observe``'s work (``recheck`` calls it too: an observation counted as what it replaced)."""
+        reads = await self._reads_in_one(deadline)
+        if reads is None:
+            reads = await self._reads_apart(deadline)
         failures = [r for r in reads if isinstance(r, BaseException)]
         for failure in failures:
             if not isinstance(failure, wire.EngineError):
@@ -498,6 +491,7 @@ class EngineClient:
             fault = fault_of(error)
             if fault == api.EngineFault.UNREACHABLE:
                 self._unversioned.pop(self.base_url, None)  # it may come back as another vLLM release
+                self._apart.pop(self.base_url, None)  # or as another image
             return api.EngineState.failed(fault, str(error))
         paused, sleeping, version, states, answer = reads
         admitted, instance = cast(tuple[bool | None, str | None], answer)
@@ -510,9 +504,84 @@ class EngineClient:
         )
         return dataclasses.replace(state, versioned=versioned, admitted=admitted, instance=instance)
 
+    async def _reads_apart(self, deadline: float | None) -> list[Any]:
+        """The five reads of ``observe`` as five requests: (paused, sleeping, version, states, admission),
+        each a value or the ``EngineError`` it raised."""
+        admission: Any
+        try:
+            admission = await self.admission(deadline=deadline)
+        except wire.EngineError as exc:
+            admission = exc
+        return [
+            *await asyncio.gather(
+                self.is_paused(deadline=deadline),
+                self.is_sleeping(deadline=deadline),
+                self._weight_info_or_absent(deadline),
+                self.extension_state(deadline=deadline),
+                return_exceptions=True,
+            ),
+            admission,
+        ]
+
+    async def _reads_in_one(self, deadline: float | None) -> list[Any] | None:
+        """The five reads of ``observe`` from one ``GET /rolloutfleet/observe``, shaped as ``_reads_apart``'s;
+        None when the image has no such route (then, and for ``ENVELOPE_RECHECK_SECONDS``, five requests)."""
+        noted = self._apart.get(self.base_url)
+        if noted is not None and time.monotonic() - noted < ENVELOPE_RECHECK_SECONDS:
+            return None
+        ticket = self._loads.ticket()
+        try:
+            body = await self._call("GET", OBSERVE_PATH, step="observe", idempotent=True, deadline=deadline)
+        except EngineHTTPError as exc:
+            if exc.status == 404:
+                self._apart[self.base_url] = time.monotonic()
+                return None
+            return [exc] * 5
+        except wire.EngineError as exc:
+            return [exc] * 5
+        self._apart.pop(self.base_url, None)
+        try:
+            routes, answer = body["routes"], body["admission"]
+            parts = [routes[key] for key in ("is_paused", "is_sleeping", "weight_info", "state")]
+            if not all(isinstance(p, dict) and isinstance(p.get("status"), int) for p in parts):
+                raise TypeError("each route needs a status")
+        except (KeyError, TypeError):
+            error = EngineProtocolError(f"malformed observation: {str(body)[:200]}", url=self.base_url, step="observe")
+            return [error] * 5
+        paused, sleeping, version, state = parts
+        url = self.base_url
+        reads: list[Any] = [
+            self._part(paused, "is_paused", lambda b: bool(_field(b, "is_paused", bool, url, "is_paused"))),
+            self._part(sleeping, "is_sleeping", lambda b: bool(_field(b, "is_sleeping", bool, url, "is_sleeping"))),
+            self._version_part(version),
+            self._part(state, "rolloutfleet_state", lambda b: wire.states_from_wire(_rpc_results(b, url), url=url)),
+            _parsed(lambda: (bool(_field(answer, "admitted", bool, url, "ready")), _instance(answer))),
+        ]
+        if not isinstance(reads[3], BaseException):
+            self._loads.settle(self.base_url, ticket)  # an answered state read: earlier loads have ended
+        return reads
+
+    def _part(self, part: dict[str, Any], step: str, parse: Callable[[Any], Any]) -> Any:
+        """One route's answer inside an observation: its value, or the error the route alone would raise."""
+        status, body = part["status"], part.get("body")
+        if not 200 <= status < 300:
+            return EngineHTTPError(status, body, url=self.base_url, step=step)
+        return _parsed(lambda: parse(body))
+
+    def _version_part(self, part: dict[str, Any]) -> Any:
+        """``/weight_info`` inside an observation: 404 is a release without weight versions (vLLM 0.26)."""
+        if part.get("status") == 404:
+            self._unversioned[self.base_url] = time.monotonic()
+            return _NO_VERSIONS
+        value = self._part(part, "weight_info", lambda b: _weight_version(b, self.base_url))
+        if not isinstance(value, BaseException):
+            self._unversioned.pop(self.base_url, None)
+        return value
+
     async def recheck(self, known: api.EngineState, *, deadline: float | None = None) -> api.EngineState:
-        """What the engine holds now, read in two requests instead of ``observe``'s five: its admission
-        (the process's ``instance``) and then the extension state, over ``known`` for the rest.
+        """What the engine holds now, in as few requests as its image allows: a full ``observe`` where that is
+        one request; otherwise two (its admission, i.e. the process's ``instance``, and the extension state)
+        over ``known`` for the rest.
 
         For a read right before a resume, of an engine whose pause, sleep and weight version this client
         just set and saw acknowledged: what can have changed since is what the extension reports (its
@@ -524,6 +593,9 @@ class EngineClient:
         never reused, so a state answered by a newer process is either refused by that comparison (the
         admission came from the newer one) or is that process's initial weights, which no resume accepts.
         """
+        noted = self._apart.get(self.base_url)
+        if noted is None or time.monotonic() - noted >= ENVELOPE_RECHECK_SECONDS:
+            return await self._observed(deadline)
         admission, states = await asyncio.gather(
             self.admission(deadline=deadline), self.extension_state(deadline=deadline), return_exceptions=True
         )
@@ -774,6 +846,7 @@ class Credentials:
 
 
 _NO_VERSIONS = object()  # sentinel: the engine has no weight-version routes
+ENVELOPE_RECHECK_SECONDS = 300.0  # how long a 404 on /rolloutfleet/observe is believed without asking again
 VERSION_ROUTES_RECHECK_SECONDS = 300.0  # how long a 404 on /weight_info is believed without asking again
 
 
@@ -808,6 +881,7 @@ class EnginePool:
         self._session: aiohttp.ClientSession | None = None
         self._rng = random.Random()  # noqa: S311 - jitter only
         self._unversioned: dict[str, float] = {}
+        self._apart: dict[str, float] = {}
         self.loads = LoadLedger()
 
     def __repr__(self) -> str:
@@ -843,6 +917,7 @@ class EnginePool:
             on_latency=self._on_latency,
             rng=self._rng,
             unversioned=self._unversioned,
+            apart=self._apart,
             loads=self.loads,
             credentials=self.credentials,
         )
@@ -854,6 +929,31 @@ class EnginePool:
 def _instance(body: Any) -> str | None:
     value = body.get("instance") if isinstance(body, dict) else None
     return value if isinstance(value, str) and value else None
+
+
+def _weight_version(body: Any, url: str) -> str | None:
+    """``/weight_info``'s answer: the version, None when none was set."""
+    if not isinstance(body, dict) or "weight_version" not in body:
+        raise EngineProtocolError(f"unexpected /weight_info body: {body!r}", url=url, step="weight_info")
+    value = body["weight_version"]
+    return None if value is None else str(value)
+
+
+def _rpc_results(body: Any, url: str, method: str = "rolloutfleet_state") -> list[Any]:
+    """``/collective_rpc``'s answer: one result per worker (an empty body: none)."""
+    if body is None or body == "":
+        return []
+    if not isinstance(body, dict) or not isinstance(body.get("results"), list):
+        raise EngineProtocolError(f"unexpected /collective_rpc body: {body!r}", url=url, step=method)
+    return cast(list[Any], body["results"])
+
+
+def _parsed(parse: Callable[[], T]) -> T | wire.EngineError:
+    """``parse()``, or the engine error it raised (a read inside an observation fails on its own)."""
+    try:
+        return parse()
+    except wire.EngineError as exc:
+        return exc
 
 
 def _or(deadline: float | None, fallback: float) -> float:

@@ -35,7 +35,9 @@ The middleware's admission routes (``rolloutfleet_worker.admission``), same bodi
 ``GET /rolloutfleet/ready`` (open) → 200 ``{"admitted": true, "revision", "since"}`` or 503
 ``{"admitted": false}`` (every answer also names the process: ``instance``); ``POST /rolloutfleet/admit``
 ``{"revision": int|null, "instance"?}`` (token) → 200 as ready's, 409 for another instance, 400 for a
-malformed body, 413 over 4 KiB; ``POST /rolloutfleet/withdraw`` (token) → 200 ``{"admitted": false}``. A crash
+malformed body, 413 over 4 KiB; ``POST /rolloutfleet/withdraw`` (token) → 200 ``{"admitted": false}``;
+``GET /rolloutfleet/observe`` (token) → 200 ``{"admission": ..., "routes": {"is_paused"|"is_sleeping"|
+"weight_info"|"state": {"status", "body"}}}``, each route answered as on its own (its faults too). A crash
 or restart ends the process, and with it the admission. Fault steps: ``ready``, ``admit``, ``withdraw``.
 """
 
@@ -210,6 +212,13 @@ class SimulatedEngine:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def set_latencies(self, latencies: Latencies) -> None:
+        """This engine's simulated durations from now on (a benchmark draws them per engine: disks, nodes and
+        model start-up differ across a real fleet). Steps already running keep the durations they started with."""
+        self.latencies = latencies
+        self.core.lat = latencies
+        self.core.staging.lat = latencies
+
     def add_fault(self, rule: FaultRule) -> None:
         self.faults.append(_ArmedFault(rule))
 
@@ -239,6 +248,7 @@ class SimulatedEngine:
         r.add_get("/rolloutfleet/ready", self._ready)
         r.add_post("/rolloutfleet/admit", self._admit)
         r.add_post("/rolloutfleet/withdraw", self._withdraw)
+        r.add_get("/rolloutfleet/observe", self._observe)
         r.add_get("/metrics", self._metrics)
         r.add_get("/is_paused", self._is_paused)
         r.add_post("/pause", self._pause)
@@ -353,6 +363,25 @@ class SimulatedEngine:
 
         return await self.run_step(["withdraw"], {}, act)
 
+    async def _observe(self, request: web.Request) -> web.Response:
+        """``rolloutfleet_worker.observation``: the admission (read first), then vLLM's four reads, each as
+        its own route would have answered it (its faults and latency included), in one body. A fault on
+        ``observe`` itself acts on the whole (a 404 plays an image without the route)."""
+
+        async def act(_: Faults) -> tuple[web.Response, Any]:
+            report = self.core.admission()
+            answers = await asyncio.gather(
+                self._is_paused(request),
+                self._is_sleeping(request),
+                self._weight_info(request) if self.spec.vllm_version != "0.26" else _not_found(),
+                self._rpc_call({"method": "rolloutfleet_state", "args": [], "kwargs": {}}),
+            )
+            keys = ("is_paused", "is_sleeping", "weight_info", "state")
+            routes = {key: _part(resp) for key, resp in zip(keys, answers, strict=True)}
+            return self._body({"admission": report, "routes": routes})
+
+        return await self.run_step(["observe"], {}, act, log=False)
+
     def _admission(self, status: int) -> tuple[web.Response, Any]:
         body = self.core.admission()
         return web.json_response(body, status=status, headers={"Cache-Control": "no-store"}), body
@@ -449,7 +478,10 @@ class SimulatedEngine:
         return await self.run_step(["weight_info"], {}, act, log=False)
 
     async def _collective_rpc(self, request: web.Request) -> web.Response:
-        body = await _json(request)
+        return await self._rpc_call(await _json(request))
+
+    async def _rpc_call(self, body: Any) -> web.Response:
+        """``/collective_rpc`` with its decoded JSON body (None: not JSON)."""
         if not isinstance(body, dict):
             return _error(400, "JSON decode error")
         method = body.get("method")
@@ -572,6 +604,20 @@ def _admit_body(raw: bytes) -> tuple[int | None, str | None, str | None]:
     if isinstance(revision, bool) or not isinstance(revision, int) or revision < 0:
         return None, None, "revision must be a non-negative integer or null"
     return revision, instance, None
+
+
+async def _not_found() -> web.Response:
+    """What vLLM (FastAPI) answers for a route it does not have."""
+    return web.json_response({"detail": "Not Found"}, status=404)
+
+
+def _part(resp: web.Response) -> dict[str, Any]:
+    """One route's answer as ``/rolloutfleet/observe`` carries it: its status and its (decoded) body."""
+    text = resp.text if resp.body is not None else ""
+    body: Any = text or ""
+    if resp.content_type == "application/json" and text:
+        body = json.loads(text)
+    return {"status": resp.status, "body": body}
 
 
 async def _json(request: web.Request) -> Any:

@@ -185,18 +185,39 @@ def test_sleep_level_derivation() -> None:
 async def test_missing_version_routes_are_remembered_until_the_engine_drops_out(
     pool: EnginePool, sim: SimulatedEngine, latencies: Latencies
 ) -> None:
-    """0.26 answers /weight_info with 404: asked once per engine, not on every observation, until it restarts."""
+    """An image without ``/rolloutfleet/observe`` is read route by route; then 0.26 answers /weight_info with
+    404: asked once per engine, not on every observation, until it restarts (each observation of a large
+    fleet is one request per engine fewer)."""
+    sim.add_fault(FaultRule(step="observe", kind=FaultKind.HTTP_ERROR, status=404, body={"detail": "Not Found"}))
 
-    def asked() -> int:
-        return sum(1 for step, _s, _o in latencies.calls if step == "weight_info")
+    def asked(step: str) -> int:
+        return sum(1 for s, _s, _o in latencies.calls if s == step)
 
     first = await pool.client(sim.url).observe()
     second = await pool.client(sim.url).observe()  # a new client of the same pool, as each pass makes
-    assert not first.versioned and not second.versioned and asked() == 1
+    assert not first.versioned and not second.versioned and asked("weight_info") == 1
+    assert asked("observe") == 1  # the missing route is remembered too
     await sim.crash(restart_after=0.3)
     assert (await pool.client(sim.url).observe()).reachable is False
     await asyncio.sleep(0.5)
-    assert not (await pool.client(sim.url).observe()).versioned and asked() == 2
+    assert not (await pool.client(sim.url).observe()).versioned
+    assert asked("observe") == 2 and asked("weight_info") == 1  # asked again: a restarted engine may be newer
+
+
+@pytest.mark.parametrize("spec", [EngineSpec(vllm_version="0.26"), EngineSpec()])
+async def test_an_observation_is_one_request(pool: EnginePool, sim: SimulatedEngine, latencies: Latencies) -> None:
+    """Issue 18: the admission, pause, sleep, weight version and extension state come back in one request
+    (``GET /rolloutfleet/observe``), and read the same as the five requests they replace."""
+    together = await pool.client(sim.url).observe()
+    assert [s for s, _s, _o in latencies.calls] == ["observe"]
+    sim.add_fault(FaultRule(step="observe", kind=FaultKind.HTTP_ERROR, status=404, body={"detail": "Not Found"}))
+    apart = await EnginePool(token=TOKEN).__aenter__()
+    try:
+        alone = await apart.client(sim.url).observe()
+    finally:
+        await apart.close()
+    assert together == alone
+    assert together.versioned == (sim.spec.vllm_version != "0.26")
 
 
 async def test_a_rotated_token_falls_back_to_the_previous_one_while_engines_catch_up(sim: SimulatedEngine) -> None:

@@ -14,6 +14,7 @@ import socket
 import pytest
 from engine_support import TOKEN, Latencies
 
+from rolloutfleet.adapters import engine_wire
 from rolloutfleet.adapters.engine import EngineClient, EnginePool
 from rolloutfleet.adapters.engine_wire import EngineProtocolError, EngineTimeout
 from rolloutfleet.api.engine import EngineFault, EngineState
@@ -83,15 +84,24 @@ async def test_a_reachable_engine_has_no_fault(client: EngineClient) -> None:
     assert state.reachable and state.fault is None
 
 
+@pytest.mark.parametrize("route", ["one-request", "five-requests"])
 async def test_a_programming_error_is_not_disguised_as_an_engine_fault(
-    client: EngineClient, monkeypatch: pytest.MonkeyPatch
+    client: EngineClient, sim: SimulatedEngine, monkeypatch: pytest.MonkeyPatch, route: str
 ) -> None:
-    """A bug in the operator must surface as itself, not as an engine to wait for or to fail."""
+    """A bug in the operator must surface as itself, not as an engine to wait for or to fail, whether the
+    observation came in one request (``/rolloutfleet/observe``) or, from an image without it, in five."""
 
-    async def broken(*, deadline: float | None = None) -> bool:
+    def broken(*args: object, **kwargs: object) -> bool:
         raise TypeError("a bug")
 
-    monkeypatch.setattr(client, "is_sleeping", broken)
+    async def broken_read(*, deadline: float | None = None) -> bool:
+        raise TypeError("a bug")
+
+    if route == "one-request":
+        monkeypatch.setattr(engine_wire, "states_from_wire", broken)
+    else:
+        sim.add_fault(FaultRule(step="observe", kind=FaultKind.HTTP_ERROR, status=404, body={"detail": "Not Found"}))
+        monkeypatch.setattr(client, "is_sleeping", broken_read)
     with pytest.raises(TypeError):
         await client.observe()
 

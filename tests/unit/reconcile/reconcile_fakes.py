@@ -102,6 +102,7 @@ class Harness:
     pod_ips: dict[str, str] = dataclasses.field(default_factory=dict)
     readiness_gates: tuple[str, ...] = ()  # the StatefulSet template's, which every engine pod carries
     observations: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    requests: collections.Counter[tuple[str, str]] = dataclasses.field(default_factory=collections.Counter)
     outcomes: list[revision_reconcile.PassOutcome] = dataclasses.field(default_factory=list)
     _order: Iterator[int] = dataclasses.field(default_factory=itertools.count)
     _next_ip: Iterator[int] = dataclasses.field(default_factory=lambda: itertools.count(1))
@@ -379,7 +380,8 @@ def fast_retries() -> Iterator[None]:
 
 @contextlib.contextmanager
 def count_observations(h: Harness) -> Iterator[None]:
-    """Count ``EngineClient.observe`` calls (one engine state read each) per pod into ``h.observations``."""
+    """Count ``EngineClient.observe`` calls (one engine state read each) per pod into ``h.observations``, and
+    every HTTP request to an engine per (pod, step) into ``h.requests``."""
     original = EngineClient.observe
 
     async def observe(client: EngineClient) -> engine.EngineState:
@@ -388,7 +390,15 @@ def count_observations(h: Harness) -> Iterator[None]:
         h.observations[pod] += 1
         return await original(client)
 
-    with mock.patch.object(EngineClient, "observe", observe):
+    original_sent = EngineClient._sent
+
+    async def sent(client: EngineClient, method: str, path: str, token: str | None, **kwargs: Any) -> Any:
+        ip = client.base_url.removeprefix("http://").rsplit(":", 1)[0]
+        pod = next((p for p, a in h.pod_ips.items() if a == ip), ip)
+        h.requests[(pod, str(kwargs.get("step")))] += 1
+        return await original_sent(client, method, path, token, **kwargs)
+
+    with mock.patch.object(EngineClient, "observe", observe), mock.patch.object(EngineClient, "_sent", sent):
         yield
 
 
