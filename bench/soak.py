@@ -1020,7 +1020,7 @@ class Soak:
                 with contextlib.suppress(Exception):
                     getattr(self, name).close()
         if hasattr(self, "kube"):
-            self.kube.close()
+            await self.kube.aclose()
         if hasattr(self, "events"):
             self.events.close()
         if not self.args.keep:

@@ -1,7 +1,9 @@
 """The operator's Kubernetes I/O: server-side apply, reads, status patches, Secrets, Events.
 
-Called by ``rolloutfleet.reconcile`` only. The official ``kubernetes`` client is synchronous, so every call
-runs on a bounded thread pool owned by this adapter and is awaited; the kopf event loop never blocks.
+Called by ``rolloutfleet.reconcile`` only. Reads and patches (every pass's lists, every pod's readiness
+gate) run on the event loop over one ``aiohttp`` session (``adapters.kube_http``); the rest uses the
+official ``kubernetes`` client, which is synchronous, so those calls run on a bounded thread pool owned by
+this adapter and are awaited; the kopf event loop never blocks.
 Every request has a timeout (``request_timeout``, ``list_timeout`` for lists, discovery included), so a
 hung API server costs a pool thread for that long, never for ever. Errors come back as ``KubeError`` with
 the HTTP status (0 when none was received: a timeout, a dropped connection), never as the client's own
@@ -16,7 +18,7 @@ import datetime
 import json
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import urllib3
 from kubernetes import client as k8s_client
@@ -24,6 +26,8 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
+
+from rolloutfleet.adapters.kube_http import KubeHTTP, KubeHTTPError
 
 Manifest = dict[str, Any]
 T = TypeVar("T")
@@ -80,6 +84,9 @@ class Kube:
         self.list_timeout = list_timeout
         self._dynamic: DynamicClient | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
+        self._threads = threads
+        self._http: KubeHTTP | None = None  # get, list and patch: on the event loop (``adapters.kube_http``)
+        self._resources: dict[tuple[str, str, str | None], Any] = {}  # discovered once per kind
         self.requests = 0  # API requests issued, for the rollout benchmark's per-pod accounting
         self.on_request: Callable[[str], None] | None = None  # metrics hook: called with the verb
         self._event_warned = False
@@ -110,15 +117,31 @@ class Kube:
         )
 
     def close(self) -> None:
-        """Release the thread pool and connections."""
+        """Release the thread pool and connections (the event loop's session on the running loop, if any)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._http is not None:
+            self._http.close_soon()
+            self._http = None
         if self._api_client is not None:
             self._api_client.close()
 
-    async def _run(self, fn: Callable[[], T], verb: str) -> T:
+    async def aclose(self) -> None:
+        """``close``, waiting for the event loop's session to close."""
+        http, self._http = self._http, None
+        if http is not None:
+            await http.close()
+        self.close()
+
+    def _count(self, verb: str) -> None:
         self.requests += 1
         if self.on_request is not None:
             self.on_request(verb)
+
+    async def _run(self, fn: Callable[[], T], verb: str) -> T:
+        self._count(verb)
+        return await self._in_thread(fn)
+
+    async def _in_thread(self, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._pool, fn)
@@ -138,6 +161,44 @@ class Kube:
 
     def _resource(self, api_version: str, kind: str) -> Any:
         return self._dyn().resources.get(api_version=api_version, kind=kind)
+
+    async def _path(
+        self, api_version: str, kind: str, namespace: str | None, name: str | None = None, sub: str | None = None
+    ) -> str:
+        """The URL path of an object (or a collection, without ``name``), from discovery made once per kind."""
+        key = (api_version, kind, sub)
+        res = self._resources.get(key)
+        if res is None:
+
+            def resolve() -> Any:
+                found = self._resource(api_version, kind)
+                return found.subresources[sub] if sub is not None else found
+
+            res = self._resources[key] = await self._in_thread(resolve)
+        return str(res.path(name=name, namespace=namespace))
+
+    async def _send(
+        self,
+        verb: str,
+        method: str,
+        path: str,
+        *,
+        timeout: float,  # noqa: ASYNC109 - the request's own bound
+        params: dict[str, str] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+    ) -> Any:
+        """One request on the event loop's session (``adapters.kube_http``), errors as ``KubeError``."""
+        self._count(verb)
+        if self._http is None:
+            configuration = (self._api_client or k8s_client.ApiClient()).configuration
+            self._http = KubeHTTP(configuration, limit=self._threads)
+        try:
+            return await self._http.request(
+                method, path, params=params, body=body, content_type=content_type, timeout=timeout
+            )
+        except KubeHTTPError as exc:
+            raise KubeError(exc.status, str(exc)) from exc
 
     async def apply(self, manifest: Manifest) -> Manifest:
         """Server-side apply with the operator's field manager (conflicts forced: we own these fields)."""
@@ -161,35 +222,22 @@ class Kube:
 
     async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
         """One object, or None when it does not exist."""
-
-        def call() -> Manifest | None:
-            try:
-                return _to_dict(
-                    self._resource(api_version, kind).get(
-                        name=name, namespace=namespace, serializer=_plain_json, _request_timeout=self.request_timeout
-                    )
-                )
-            except NotFoundError:
+        path = await self._path(api_version, kind, namespace, name)
+        try:
+            return cast(Manifest, await self._send("get", "GET", path, timeout=self.request_timeout))
+        except KubeError as exc:
+            if exc.status == 404:
                 return None
-
-        return await self._run(call, "get")
+            raise
 
     async def list(
         self, api_version: str, kind: str, namespace: str | None, label_selector: str = ""
     ) -> list[Manifest]:
         """Objects of a kind in a namespace, optionally filtered by labels."""
-
-        def call() -> list[Manifest]:
-            res = self._resource(api_version, kind)
-            out = res.get(
-                namespace=namespace,
-                label_selector=label_selector,
-                serializer=_plain_json,
-                _request_timeout=self.list_timeout,
-            )
-            return list(_to_dict(out).get("items") or [])
-
-        return await self._run(call, "list")
+        path = await self._path(api_version, kind, namespace)
+        params = {"labelSelector": label_selector} if label_selector else None
+        out = await self._send("list", "GET", path, params=params, timeout=self.list_timeout)
+        return list((out or {}).get("items") or [])
 
     async def create(self, manifest: Manifest) -> Manifest | None:
         """Create an object; None when it already exists (409)."""
@@ -264,22 +312,12 @@ class Kube:
         strategic: bool = False,
     ) -> Manifest:
         """One PATCH: a JSON merge patch, or a strategic merge (lists merged by key) for core kinds."""
-
-        def call() -> Manifest:
-            res = self._resource(api_version, kind)
-            if subresource is not None:
-                res = res.subresources[subresource]
-            out = res.patch(
-                body=body,
-                name=name,
-                namespace=namespace,
-                content_type="application/strategic-merge-patch+json" if strategic else "application/merge-patch+json",
-                serializer=_plain_json,
-                _request_timeout=self.request_timeout,
-            )
-            return _to_dict(out)
-
-        return await self._run(call, "patch")
+        path = await self._path(api_version, kind, namespace, name, subresource)
+        content_type = "application/strategic-merge-patch+json" if strategic else "application/merge-patch+json"
+        out = await self._send(
+            "patch", "PATCH", path, body=body, content_type=content_type, timeout=self.request_timeout
+        )
+        return cast(Manifest, out)
 
     async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         """Delete an object (absent is fine)."""

@@ -72,7 +72,7 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
     """Release the Kubernetes client's threads."""
     ctx: OperatorContext | None = getattr(memo, "ctx", None)
     if ctx is not None:
-        ctx.kube.close()
+        await ctx.kube.aclose()
 
 
 async def _fleet(memo: kopf.Memo, body: kopf.Body) -> None:

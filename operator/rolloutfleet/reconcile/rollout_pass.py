@@ -43,6 +43,11 @@ MARKS_WAIT_SECONDS = 1.0  # a pass waits this long for the trainer's mark before
 # The fleet's per-pod status is rewritten at most this often during a pass: a long pass (slow loads,
 # retries) would otherwise leave status.pods behind the engines until it ended (the soak measured 3 s+).
 FLEET_STATUS_INTERVAL = 1.0
+# Both progress writes carry every pod (and the fleet's lists every pod first): a large fleet's are spaced
+# by its size, so that they stay a small share of the operator's work. 1,024 pods: revision progress every
+# second, the fleet's status.pods every two; 4,096 pods: every 4 and 8 s (bench/results/rollout_overhead.md).
+PROGRESS_PODS_PER_SECOND = 1024
+FLEET_STATUS_PODS_PER_SECOND = 512
 RESUME_BATCH_SECONDS = 5.0  # a pod resumed with others waits at most this long for them before its admit
 FAULT_REASONS = {
     EngineFault.UNAUTHORIZED: "EngineUnauthorized",
@@ -734,7 +739,8 @@ class RolloutPass:
         """Progress writes run beside the steps (never on the rollout's critical path); forced ones wait."""
         writer = self.writer
         if not force:
-            if (writer is not None and not writer.done()) or time.monotonic() - self.last_write < STATUS_WRITE_INTERVAL:
+            interval = max(STATUS_WRITE_INTERVAL, len(self.order) / PROGRESS_PODS_PER_SECOND)
+            if (writer is not None and not writer.done()) or time.monotonic() - self.last_write < interval:
                 return
             self.writer = asyncio.create_task(self._write_in_background())
             return
@@ -799,14 +805,16 @@ class RolloutPass:
     def _schedule_fleet_status(self) -> None:
         """Show the engines' progress in the fleet's status.pods while the pass runs.
 
-        At most one write per ``FLEET_STATUS_INTERVAL``, and a change inside the interval is deferred, not
+        At most one write per ``FLEET_STATUS_INTERVAL`` (longer for a large fleet: ``FLEET_STATUS_PODS_PER_SECOND``),
+        and a change inside the interval is deferred, not
         dropped: a step that then runs for long (a slow load) must not leave the status behind meanwhile.
         """
         if self.fleet_writer is None or self.fleet_writer.done():
             self.fleet_writer = asyncio.create_task(self._fleet_status_soon())
 
     async def _fleet_status_soon(self) -> None:
-        wait = FLEET_STATUS_INTERVAL - (time.monotonic() - self.last_fleet_write)
+        interval = max(FLEET_STATUS_INTERVAL, len(self.pods.bodies) / FLEET_STATUS_PODS_PER_SECOND)
+        wait = interval - (time.monotonic() - self.last_fleet_write)
         if wait > 0:
             await asyncio.sleep(wait)
         self.last_fleet_write = time.monotonic()

@@ -111,7 +111,7 @@ async def _main(args: argparse.Namespace) -> int:
             if operator.poll() is None:
                 operator.kill()
         api.close()
-        kube.close()
+        await kube.aclose()
         if not args.keep:
             local.stop()
             say("cluster stopped; nothing left running")

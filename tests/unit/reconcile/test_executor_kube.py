@@ -82,7 +82,7 @@ async def test_a_patch_of_a_missing_object_is_a_kube_error_404(server: tuple[Fak
         assert err.value.status == 404 and "not found" in str(err.value)
         assert await kube.get("v1", "Pod", "ns", "p") is None  # get still answers "absent"
     finally:
-        kube.close()
+        await kube.aclose()
 
 
 async def test_a_kind_the_server_does_not_serve_is_a_kube_error_404(
@@ -95,7 +95,7 @@ async def test_a_kind_the_server_does_not_serve_is_a_kube_error_404(
             await kube.list("rolloutfleet.io/v1alpha1", "WeightRevision", "ns")
         assert err.value.status == 404
     finally:
-        kube.close()
+        await kube.aclose()
 
 
 @pytest.mark.timeout(30)  # guards against the defect itself: without a request timeout this never returns
@@ -118,4 +118,4 @@ async def test_a_hung_api_server_times_out_instead_of_holding_a_thread_for_ever(
             assert err.value.status == 0  # no answer was received
     finally:
         fake.released.set()
-        kube.close()
+        await kube.aclose()
