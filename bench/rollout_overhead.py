@@ -1,34 +1,60 @@
-"""Benchmark: the operator's own overhead when rolling a WeightRevision across 64, 256 and 1,024 pods.
+"""Benchmark: the operator's own overhead when rolling WeightRevisions across fleets of 64 to 4,096 pods.
 
-A report, not a test. For each fleet size it starts the local control plane with enough fake 8-GPU nodes,
-runs the real operator as a process, serves simulated engines on every pod's loopback IP from a separate
-follower process (fixed per-step latencies, synthetic weights), applies one sleep-mode AllAtOnce revision
-and measures: wall time from creation to Succeeded vs the ideal lower bound (the critical path: every
-pod's steps back to back, all pods in parallel), the operator's CPU seconds and peak RSS (from /proc), and
-the operator's Kubernetes API requests per pod (its own counter on /metrics).
+A report, not a test; the engineer runs it (minutes per fleet size; about an hour with ``--soak-revisions
+1000``). For each fleet size it starts the local control plane with enough fake GPU nodes, runs the real
+operator as a process, serves a simulated engine on every pod's loopback IP from ``--engine-procs``
+follower processes (synthetic weights), waits until the operator has settled the fleet (it opened every
+pod's readiness gate: ``status.readyReplicas == n``), then runs a sequence of scenarios on that one fleet,
+each one new WeightRevision (``<latencies>-<rollout>-<mode>``: per-engine step latencies drawn uniform or
+long-tailed from a seed, AllAtOnce or Rolling 25 %, sleep or in-flight). Per scenario it reports the wall
+time from creation to a final phase against the lower bound for the same drawn latencies (a pure
+function, ``lower_bound``), the operator's CPU seconds, peak and current RSS (from /proc), its engine and
+Kubernetes API requests per pod (its own counters on /metrics) and how the machine's cores were shared.
+``--profile`` samples the operator with py-spy during each scenario; ``--soak-revisions N`` then applies N
+zero-latency revisions back to back and samples the operator's RSS every 50.
 
     .venv/bin/python bench/rollout_overhead.py --sizes 64 256 1024 --out bench/results/rollout_overhead.md
+    .venv/bin/python bench/rollout_overhead.py --sizes 64 --soak-revisions 1000 --out /tmp/soak.md
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import contextlib
+import dataclasses
+import datetime
+import heapq
 import json
+import math
 import os
 import pathlib
 import platform
+import random
 import re
+import resource
+import shlex
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import urllib.request
 from typing import Any
 
-# Per-step simulated latencies (seconds). The sum is the per-pod critical path.
-STEPS = {
+from rolloutfleet.sim.config import Latencies, WeightsConfig
+from rolloutfleet.sim.follower import PodFollower
+
+# Base per-step simulated latencies (seconds), keyed as the simulator keys its steps (``Latencies.fixed``
+# takes the most specific configured key: ``pause:keep`` falls back to ``pause``, ``sleep:2`` to ``sleep``).
+# ``reset_prefix_cache`` is in the resume composition only where prefix caching is on (not in this fleet:
+# the parity profile disables it); it is listed so that enabling it does not make it free. The fast reads
+# (is_paused, is_sleeping, the extension's state RPC, weight_info, ready, health) and the pre-flight
+# (headers only) get no latency: they are what the operator's overhead is made of.
+BASE_STEPS = {
     "pause": 0.05,
     "sleep": 0.5,
     "wake_up:weights": 0.3,
@@ -36,29 +62,325 @@ STEPS = {
     "rolloutfleet_load:draft": 0.5,
     "update_weight_version": 0.02,
     "wake_up:kv_cache": 0.2,
+    "reset_prefix_cache": 0.02,
     "resume": 0.05,
 }
-LOWER_BOUND = sum(STEPS.values())
+LOAD_STEPS = ("rolloutfleet_load:verifier", "rolloutfleet_load:draft")
+LONGTAIL_SIGMA = 0.35  # per engine and step: base x lognormal(0, sigma): median x1, 95th percentile ~x1.8
+STRAGGLER_FRACTION = 0.03  # engines whose loads are slow on top (a slow disk or a busy node)
+STRAGGLER_LOAD_FACTOR = 3.0
+LATENCY_KINDS = ("uniform", "longtail", "zero")
+ROLLOUTS = {"allatonce": "AllAtOnce", "rolling": "Rolling"}
+MODES = ("sleep", "inflight")
+ROLLING_MAX_UNAVAILABLE = "25%"
+DEFAULT_SCENARIOS = (
+    "uniform-allatonce-sleep",
+    "longtail-allatonce-sleep",
+    "longtail-allatonce-inflight",
+    "longtail-rolling-sleep",
+)
+FINAL_PHASES = ("Succeeded", "Failed", "RolledBack", "Superseded")
 NAMESPACE, FLEET = "bench", "policy"
+GROUP, VERSION = "rolloutfleet.io", "v1alpha1"
+MAX_NODES = 255  # rolloutfleet.sandbox.nodes.MAX_NODES: one /24 of 127.1.0.0/16 per fake node
+REVISION_TIMEOUT_S = 900.0
+SOAK_REVISION_TIMEOUT_S = 120.0
+SOAK_SAMPLE_EVERY = 50
+PASS_LINE = re.compile(
+    r"pass (?P<key>\S+): (?P<iterations>\d+) iterations, (?P<reads>\d+) engine reads in (?P<seconds>[0-9.]+)s"
+)
 
 
-def follower_main(kubeconfig: str) -> None:
-    """Child process: serve simulated engines on every pod of the fleet until killed."""
+# -- scenarios, latencies and the lower bound (pure) ----------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """``<latencies>-<rollout>-<mode>``, e.g. ``longtail-rolling-sleep``."""
+
+    name: str
+    latencies: str
+    rollout: str  # the API's value: AllAtOnce or Rolling
+    mode: str
+
+    @classmethod
+    def parse(cls, name: str) -> Scenario:
+        parts = name.strip().split("-")
+        if len(parts) != 3 or parts[0] not in LATENCY_KINDS or parts[1] not in ROLLOUTS or parts[2] not in MODES:
+            raise ValueError(
+                f"scenario {name!r}: expected <{'|'.join(LATENCY_KINDS)}>-<{'|'.join(ROLLOUTS)}>-<{'|'.join(MODES)}>"
+            )
+        return cls(name.strip(), parts[0], ROLLOUTS[parts[1]], parts[2])
+
+    @property
+    def max_unavailable(self) -> int | str:
+        return ROLLING_MAX_UNAVAILABLE if self.rollout == "Rolling" else 1
+
+
+def scenario_rng(seed: int, index: int) -> random.Random:
+    """The scenario's own generator: a run is reproducible, and scenarios do not share draws."""
+    return random.Random(seed * 1_000_003 + index)
+
+
+def draw_latencies(kind: str, n: int, rng: random.Random) -> tuple[list[dict[str, float]], list[int]]:
+    """Per-pod step latencies (index = pod ordinal) and the ordinals of the stragglers.
+
+    ``uniform``: every engine gets the base values. ``longtail``: each engine's each step is base x
+    lognormal(0, LONGTAIL_SIGMA), and ~3 % of the engines (at least one) load 3x slower on top.
+    ``zero``: nothing takes time (the soak)."""
+    if kind == "zero":
+        return [dict.fromkeys(BASE_STEPS, 0.0) for _ in range(n)], []
+    if kind == "uniform":
+        return [dict(BASE_STEPS) for _ in range(n)], []
+    if kind != "longtail":
+        raise ValueError(f"unknown latency kind {kind!r}")
+    stragglers = sorted(rng.sample(range(n), max(1, round(STRAGGLER_FRACTION * n))))
+    per_pod = [
+        {step: base * rng.lognormvariate(0.0, LONGTAIL_SIGMA) for step, base in BASE_STEPS.items()} for _ in range(n)
+    ]
+    for ordinal in stragglers:
+        for step in LOAD_STEPS:
+            per_pod[ordinal][step] *= STRAGGLER_LOAD_FACTOR
+    return per_pod, stragglers
+
+
+def resolve_max_unavailable(value: int | str, total: int) -> int:
+    """As the operator does (``planning.rollout``): an integer, or a percentage rounded down; at least 1."""
+    if isinstance(value, str) and value.endswith("%"):
+        return max(1, math.floor(total * int(value[:-1]) / 100))
+    return max(1, int(value))
+
+
+def pod_sequence(
+    steps: dict[str, float], mode: str, *, reset_prefix_cache: bool = False, versioned: bool = True
+) -> tuple[float, float]:
+    """One pod's (pre-resume, resume) seconds: the steps the operator runs on it, back to back.
+
+    Sleep mode: pause, sleep, wake weights, load verifier, load draft, set weight version, then the resume
+    composition wake kv_cache [+ reset prefix cache] + resume. In-flight: the same without sleep and wakes.
+    ``versioned``: the engine has weight-version routes (vLLM 0.33; 0.26 skips the step)."""
+    pre = ["pause"]
+    if mode == "sleep":
+        pre += ["sleep", "wake_up:weights"]
+    pre += list(LOAD_STEPS)
+    if versioned:
+        pre.append("update_weight_version")
+    resume = ["wake_up:kv_cache"] if mode == "sleep" else []
+    if reset_prefix_cache:
+        resume.append("reset_prefix_cache")
+    resume.append("resume")
+    return sum(steps.get(s, 0.0) for s in pre), sum(steps.get(s, 0.0) for s in resume)
+
+
+def lower_bound(
+    per_pod_steps: list[dict[str, float]],
+    mode: str,
+    rollout: str,
+    max_unavailable: int | str = 1,
+    *,
+    reset_prefix_cache: bool = False,
+    versioned: bool = True,
+) -> float:
+    """The shortest possible rollout of these engines, with zero operator overhead.
+
+    AllAtOnce: no pod resumes before every pod finished its pre-resume steps (the barrier), so the bound is
+    the slowest pre-resume sum plus the slowest resume. Rolling: pods start in ordinal order, at most
+    ``max_unavailable`` out of service at once, each running its whole sequence back to back: the makespan
+    of that greedy list schedule."""
+    if not per_pod_steps:
+        return 0.0
+    seqs = [pod_sequence(s, mode, reset_prefix_cache=reset_prefix_cache, versioned=versioned) for s in per_pod_steps]
+    if rollout == "AllAtOnce":
+        return max(pre for pre, _ in seqs) + max(res for _, res in seqs)
+    if rollout != "Rolling":
+        raise ValueError(f"unknown rollout {rollout!r}")
+    slots = [0.0] * min(resolve_max_unavailable(max_unavailable, len(seqs)), len(seqs))
+    for pre, res in seqs:
+        heapq.heappush(slots, heapq.heappop(slots) + pre + res)
+    return max(slots)
+
+
+# -- py-spy profiles (pure) ------------------------------------------------------------------------------
+
+FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
+# The frames every sample of a thread passes through on its way to the work (runpy, asyncio.run, the loop's
+# dispatch, thread bootstrap, the executor's worker): left out of the library list, where they would top it.
+SCAFFOLDING = frozenset(
+    {
+        "_run_module_as_main (<frozen runpy>)",
+        "_run_code (<frozen runpy>)",
+        "run (asyncio/runners.py)",
+        "Runner.run (asyncio/runners.py)",
+        "BaseEventLoop.run_until_complete (asyncio/base_events.py)",
+        "BaseEventLoop.run_forever (asyncio/base_events.py)",
+        "BaseEventLoop._run_once (asyncio/base_events.py)",
+        "Handle._run (asyncio/events.py)",
+        "Thread._bootstrap (threading.py)",
+        "Thread._bootstrap_inner (threading.py)",
+        "Thread.run (threading.py)",
+        "_worker (concurrent/futures/thread.py)",
+        "_WorkItem.run (concurrent/futures/thread.py)",
+    }
+)
+# Leaves where a thread waits rather than works (py-spy's idle detection misses some in --nonblocking mode):
+# the event loop's select, a blocking read of the API server's answer in an executor thread, an executor
+# thread blocked on its queue, a threading wait.
+IDLE_LEAVES = frozenset(
+    {
+        "EpollSelector.select (selectors.py)",
+        "SSLSocket.read (ssl.py)",
+        "_worker (concurrent/futures/thread.py)",
+        "Condition.wait (threading.py)",
+        "Event.wait (threading.py)",
+    }
+)
+
+
+def _short_path(path: str) -> str:
+    """py-spy already shortens paths under sys.path; shorten what is left the same way."""
+    if not path.startswith("/"):
+        return path
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    if "rolloutfleet/" in path:
+        return "rolloutfleet/" + path.rsplit("rolloutfleet/", 1)[1]
+    stdlib = re.search(r"/lib/python3\.\d+/(.*)$", path)
+    return stdlib.group(1) if stdlib else path
+
+
+def _frame(frame: str) -> tuple[str, str]:
+    """``func (path/file.py:LINE)`` → (``func (short/path.py)``, short path)."""
+    match = FRAME.match(frame)
+    if match is None:
+        return frame, ""
+    path = _short_path(match["file"])
+    return f"{match['func']} ({path})", path
+
+
+def summarize_profile(raw: str, *, top: int = 15, library_top: int = 10) -> dict[str, Any]:
+    """Summarize py-spy's raw output (lines ``frame;frame;... COUNT``, outermost frame first).
+
+    Functions (frames without their line) as percentages of all samples: the ``top`` by self time, the
+    ``top`` of ours (``rolloutfleet/``) by inclusive time, and the ``library_top`` other functions by
+    inclusive time, ``SCAFFOLDING`` left out. A function counts once per sample however often it recurs in
+    the stack. ``idle_pct``: samples whose leaf is a wait (``IDLE_LEAVES``)."""
+    total = idle = 0
+    own_self: collections.Counter[str] = collections.Counter()
+    own_incl: collections.Counter[str] = collections.Counter()
+    lib_incl: collections.Counter[str] = collections.Counter()
+    for line in raw.splitlines():
+        stack, _, count = line.rstrip().rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        samples = int(count)
+        total += samples
+        frames = [_frame(f) for f in stack.split(";")]
+        own_self[frames[-1][0]] += samples
+        idle += samples if frames[-1][0] in IDLE_LEAVES else 0
+        for name in {name for name, path in frames if path.startswith("rolloutfleet/")}:
+            own_incl[name] += samples
+        for name in {name for name, path in frames if not path.startswith("rolloutfleet/")} - SCAFFOLDING:
+            lib_incl[name] += samples
+
+    def pct(counter: collections.Counter[str], k: int) -> list[tuple[str, float]]:
+        return [(name, round(100 * c / total, 1)) for name, c in counter.most_common(k)] if total else []
+
+    return {
+        "samples": total,
+        "idle_pct": round(100 * idle / total, 1) if total else None,
+        "self": pct(own_self, top),
+        "own_inclusive": pct(own_incl, top),
+        "library_inclusive": pct(lib_incl, library_top),
+    }
+
+
+# -- the follower process: simulated engines, latencies from a file ----------------------------------------
+
+
+def _ordinal(pod_name: str) -> int:
+    match = re.search(r"-(\d+)$", pod_name)
+    return int(match.group(1)) if match else 0
+
+
+@dataclasses.dataclass
+class BenchFollower(PodFollower):
+    """A pod follower that serves only its share of the pods (ordinal % procs == index) and applies the
+    per-engine latencies the bench writes to ``latency_file`` (``{"serial", "latencies": {ip: {step: s}}}``),
+    acknowledging in ``<latency_file>.ack.<index>`` how many of its engines run them."""
+
+    index: int = 0
+    procs: int = 1
+    latency_file: pathlib.Path | None = None
+    _serial: int = dataclasses.field(default=-1, init=False)
+    _wanted: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict, init=False)
+    _applied: dict[str, Any] = dataclasses.field(default_factory=dict, init=False)  # engine key -> engine set
+    _acked: tuple[int, int, int] | None = dataclasses.field(default=None, init=False)
+
+    async def _read(self) -> tuple[dict[str, Any] | None, str | None, list[Any]]:
+        fleet, token, pods = await super()._read()
+        return fleet, token, [p for p in pods if _ordinal(p.metadata.name) % self.procs == self.index]
+
+    async def run(self) -> None:
+        watcher = asyncio.create_task(self._watch())
+        try:
+            await super().run()
+        finally:
+            watcher.cancel()
+
+    async def _watch(self) -> None:
+        assert self.latency_file is not None
+        seen: tuple[int, int, int] | None = None
+        while True:
+            with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+                st = self.latency_file.stat()
+                stamp = (st.st_ino, st.st_mtime_ns, st.st_size)  # the bench replaces the file: a new inode
+                if stamp != seen:
+                    data = json.loads(self.latency_file.read_text())
+                    seen = stamp
+                    if int(data["serial"]) != self._serial:
+                        self._serial, self._wanted = int(data["serial"]), data["latencies"]
+                        self._applied.clear()
+            self._apply()  # every round: an engine started since (a pod restarted) gets its latencies too
+            await asyncio.sleep(0.5)
+
+    def _apply(self) -> None:
+        engines = dict(self.sim.engines) if self.sim is not None else {}
+        for key, engine in engines.items():
+            steps = self._wanted.get(key.rpartition(":")[0])
+            if steps is not None and self._applied.get(key) is not engine:
+                engine.set_latencies(Latencies(steps=dict(steps)))
+                self._applied[key] = engine
+        updated = sum(1 for key, engine in self._applied.items() if engines.get(key) is engine)
+        ack = (self._serial, updated, len(engines))
+        if ack != self._acked and self.latency_file is not None:
+            path = self.latency_file.with_name(f"{self.latency_file.name}.ack.{self.index}")
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"serial": ack[0], "updated": ack[1], "engines": ack[2]}))
+            tmp.replace(path)
+            self._acked = ack
+
+
+def follower_main(kubeconfig: str, index: int, procs: int, latency_file: str) -> None:
+    """Child process: serve simulated engines on this follower's share of the fleet's pods until killed."""
     from kubernetes import config
 
-    from rolloutfleet.sim.config import Latencies, WeightsConfig
-    from rolloutfleet.sim.follower import PodFollower
-
     api = config.new_client_from_config(config_file=kubeconfig, persist_config=False)
-    follower = PodFollower(
+    follower = BenchFollower(
         api,
         NAMESPACE,
         FLEET,
         weights=WeightsConfig(synthetic_root="/synthetic", verifier_bytes=16 * 2**30, draft_bytes=2**30),
-        latencies=Latencies(steps=dict(STEPS)),
-        interval=3.0,  # pods do not change during the rollout; listing 1,024 pods often loads the apiserver
+        latencies=Latencies(steps=dict(BASE_STEPS)),
+        interval=3.0,  # pods do not change during a rollout; listing 1,024 pods often loads the apiserver
+        index=index,
+        procs=procs,
+        latency_file=pathlib.Path(latency_file),
     )
     asyncio.run(follower.run())
+
+
+# -- /proc and /metrics ----------------------------------------------------------------------------------------
 
 
 def _free_port() -> int:
@@ -68,21 +390,12 @@ def _free_port() -> int:
 
 
 def _proc_cpu(pid: int) -> float:
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
-
-
-def _component_pids(local: Any) -> dict[str, int]:
-    """The control-plane components' pids, by the name of their binary."""
-    out = {}
-    for pid in local.pids():
-        try:
-            name = pathlib.Path(f"/proc/{pid}/comm").read_text().strip()
-        except OSError:
-            continue
-        out[name] = pid
-    return out
+    """CPU seconds (user + system, all threads) of a live process; 0 for one that is gone."""
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _machine_busy() -> float:
@@ -92,188 +405,374 @@ def _machine_busy() -> float:
     return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def _peak_rss_mb(pid: int) -> float:
+def _rss_mb(pid: int) -> tuple[float, float]:
+    """(VmHWM, VmRSS) in MB: the peak since start or since ``_reset_peak``, and now."""
     text = pathlib.Path(f"/proc/{pid}/status").read_text()
-    match = re.search(r"VmHWM:\s+(\d+) kB", text)
-    return int(match.group(1)) / 1024 if match else float("nan")
+    values = []
+    for key in ("VmHWM", "VmRSS"):
+        match = re.search(rf"{key}:\s+(\d+) kB", text)
+        values.append(int(match.group(1)) / 1024 if match else float("nan"))
+    return values[0], values[1]
 
 
-def _kube_requests(port: int) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return sum(float(m) for m in re.findall(r"^rolloutfleet_kube_api_requests_total\{[^}]*\} ([0-9.e+]+)$", text, re.M))
+def _reset_peak(pid: int) -> bool:
+    """Reset the process's VmHWM to its current RSS (Linux >= 4.0), so the peak is this scenario's."""
+    try:
+        pathlib.Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
 
 
-def run_size(n: int) -> dict[str, Any]:
+def _metrics(port: int) -> list[tuple[str, dict[str, str], float]]:
+    """The operator's /metrics as (name, labels, value) samples."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = []
+    for match in re.finditer(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})? (\S+)$", text, re.M):
+        labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(2) or ""))
+        out.append((match.group(1), labels, float(match.group(3))))
+    return out
+
+
+def _request_counts(port: int) -> dict[str, dict[str, float]]:
+    """The operator's engine requests by route and its Kubernetes API requests by verb, so far."""
+    engine: dict[str, float] = collections.defaultdict(float)
+    kube: dict[str, float] = collections.defaultdict(float)
+    for name, labels, value in _metrics(port):
+        if name == "rolloutfleet_engine_request_duration_seconds_count":
+            engine[labels.get("route", "?")] += value
+        elif name == "rolloutfleet_kube_api_requests_total":
+            kube[labels.get("verb", "?")] += value
+    return {"engine": dict(engine), "kube": dict(kube)}
+
+
+def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    keys = set(after) | set(before)
+    return {k: round(after.get(k, 0.0) - before.get(k, 0.0), 3) for k in sorted(keys) if after.get(k) != before.get(k)}
+
+
+def _cluster_sizing(n: int, subnet_offset: int) -> tuple[int, int]:
+    """(nodes, GPUs per node): 8-GPU nodes, at least 4; past 255 - offset nodes (one /24 of pod IPs each),
+    fatter nodes (a multiple of 8 GPUs) instead."""
+    available = MAX_NODES - subnet_offset
+    gpus = 8
+    while math.ceil(n / gpus) > available:
+        gpus += 8
+    return max(4, math.ceil(n / gpus)), gpus
+
+
+# -- one fleet size --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Fleet:
+    """One control plane with one fleet, its operator and its engines: what the scenarios run against."""
+
+    n: int
+    args: argparse.Namespace
+    tmp: pathlib.Path
+    local: Any
+    api: Any
+    metrics_port: int
+    operator: subprocess.Popen[bytes]
+    followers: list[subprocess.Popen[bytes]]
+    latency_file: pathlib.Path
+    components: dict[int, str]  # control-plane pid -> role
+    reset_prefix_cache: bool
+    serial: int = 0
+
+    @property
+    def custom(self) -> Any:
+        from kubernetes import client
+
+        return client.CustomObjectsApi(self.api)
+
+    @property
+    def core(self) -> Any:
+        from kubernetes import client
+
+        return client.CoreV1Api(self.api)
+
+    @property
+    def log_path(self) -> pathlib.Path:
+        return self.tmp / "operator.log"
+
+    def get_fleet(self) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "rolloutfleets", FLEET)
+
+    def pods(self) -> list[tuple[int, str, str]]:
+        """(ordinal, pod IP, uid) of the fleet's Running pods, by ordinal."""
+        items = self.core.list_namespaced_pod(NAMESPACE, label_selector=f"rolloutfleet.io/fleet={FLEET}").items
+        pods = [
+            (_ordinal(p.metadata.name), p.status.pod_ip, p.metadata.uid)
+            for p in items
+            if p.status.phase == "Running" and p.status.pod_ip
+        ]
+        return sorted(pods)
+
+    def wait_settled(self, timeout: float) -> float:
+        """Until the operator reconciled the latest spec and opened every pod's gate: readyReplicas == n."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            body = self.get_fleet()
+            status = body.get("status") or {}
+            generation = int(body["metadata"].get("generation") or 0)
+            if (
+                int(status.get("readyReplicas") or 0) == self.n
+                and int(status.get("observedGeneration") or 0) >= generation
+            ):
+                return time.monotonic() - started
+            time.sleep(0.5)  # each GET carries the per-pod status of the whole fleet: poll gently
+        raise TimeoutError(f"fleet not settled (readyReplicas == {self.n}) in {timeout:.0f}s")
+
+    def set_strategy(self, rollout: str, max_unavailable: int | str) -> None:
+        """The fleet's rollout and maxUnavailable (neither is in the pod template, so no pod restarts).
+
+        The mode is not set here: ``updateStrategy.mode`` decides ``--enable-sleep-mode``, so changing it
+        rolls every pod (a StatefulSet update) and then forbids sleep-mode revisions. Scenarios give the
+        mode in the revision's ``spec.strategy`` override instead, on a fleet started in sleep mode."""
+        self.custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            NAMESPACE,
+            "rolloutfleets",
+            FLEET,
+            {"spec": {"updateStrategy": {"rollout": rollout, "maxUnavailable": max_unavailable}}},
+        )
+
+    def push_latencies(self, by_ip: dict[str, dict[str, float]], timeout: float = 120.0) -> None:
+        """Hand the followers their engines' latencies; return once they run on every engine."""
+        self.serial += 1
+        tmp = self.latency_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"serial": self.serial, "latencies": by_ip}))
+        tmp.replace(self.latency_file)
+        acks = [self.latency_file.with_name(f"{self.latency_file.name}.ack.{i}") for i in range(len(self.followers))]
+        started = time.monotonic()
+        updated = 0
+        while time.monotonic() - started < timeout:
+            updated = 0
+            for path in acks:
+                with contextlib.suppress(FileNotFoundError, ValueError):
+                    ack = json.loads(path.read_text())
+                    if ack["serial"] == self.serial:
+                        updated += int(ack["updated"])
+            if updated >= len(by_ip):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"followers applied latencies to {updated}/{len(by_ip)} engines in {timeout:.0f}s")
+
+    def cpu(self, spy: int | None = None) -> dict[str, float]:
+        """CPU seconds so far by role, plus the machine's busy seconds and a monotonic timestamp."""
+        out: dict[str, float] = collections.defaultdict(float)
+        out["operator"] = _proc_cpu(self.operator.pid)
+        for i, follower in enumerate(self.followers):
+            out[f"engines.{i}"] = _proc_cpu(follower.pid)
+        for pid, role in self.components.items():
+            out[role] += _proc_cpu(pid)
+        out["bench"] = _proc_cpu(os.getpid())
+        if spy is not None:
+            out["py-spy"] = _proc_cpu(spy)
+        out["machine"] = _machine_busy()
+        out["t"] = time.monotonic()
+        return dict(out)
+
+    def log_offset(self) -> int:
+        return self.log_path.stat().st_size
+
+    def passes(self, offset: int, key: str) -> dict[str, float]:
+        """The operator's pass log lines for one revision since ``offset``: count, iterations, engine reads."""
+        with self.log_path.open("rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+        found = [m for m in PASS_LINE.finditer(text) if m["key"] == key]
+        return {
+            "passes": len(found),
+            "iterations": sum(int(m["iterations"]) for m in found),
+            "engine_reads": sum(int(m["reads"]) for m in found),
+            "seconds": round(sum(float(m["seconds"]) for m in found), 2),
+        }
+
+    def create_revision(self, revision: int, mode: str) -> str:
+        name = f"step-{revision}"
+        self.custom.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            NAMESPACE,
+            "weightrevisions",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "WeightRevision",
+                "metadata": {"name": name},
+                "spec": {
+                    "fleetRef": {"name": FLEET},
+                    "revision": revision,
+                    "verifier": {"path": f"/synthetic/policy/step-{revision}/verifier"},
+                    "draft": {"path": f"/synthetic/policy/step-{revision}/draft"},
+                    "strategy": {"mode": mode},
+                },
+            },
+        )
+        return name
+
+    def await_revision(self, name: str, timeout: float, poll: float) -> dict[str, Any]:
+        """Poll until a final phase (or the timeout); the last status seen."""
+        started = time.monotonic()
+        status: dict[str, Any] = {}
+        while time.monotonic() - started < timeout:
+            body = self.custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "weightrevisions", name)
+            status = body.get("status") or {}
+            if status.get("phase") in FINAL_PHASES:
+                break
+            time.sleep(poll)  # each GET returns the per-pod status of the whole fleet: poll gently
+        return status
+
+
+def start_fleet(n: int, args: argparse.Namespace, tmp: pathlib.Path, stack: contextlib.ExitStack) -> Fleet:
+    """Control plane, CRDs, weights volume, operator, followers and the fleet, up to engines answering."""
     from kubernetes import client, config
 
     from rolloutfleet.api import crdgen
+    from rolloutfleet.api.fleet import RolloutFleetSpec
+    from rolloutfleet.planning.revisions import prefix_caching_on
     from rolloutfleet.sandbox import cluster
 
-    nodes = max(4, (n + 7) // 8)
-    with tempfile.TemporaryDirectory(prefix=f"rf-bench-{n}-") as tmp:
-        local = cluster.Cluster(pathlib.Path(tmp), name=f"bench{n}", nodes=nodes, gpus_per_node=8, tie_to_parent=True)
-        local.start()
-        procs: list[subprocess.Popen[bytes]] = []
-        try:
-            api = config.new_client_from_config(config_file=str(local.kubeconfig), persist_config=False)
-            ext = client.ApiextensionsV1Api(api)
-            for crd in crdgen.custom_resource_definitions().values():
-                ext.create_custom_resource_definition(crd)
-            time.sleep(2)
-            core = client.CoreV1Api(api)
-            core.create_namespace({"metadata": {"name": NAMESPACE}})
-            while not core.list_namespaced_service_account(NAMESPACE).items:
-                time.sleep(0.2)
-            core.create_persistent_volume(
-                {
-                    "metadata": {"name": "w"},
-                    "spec": {
-                        "capacity": {"storage": "1Gi"},
-                        "accessModes": ["ReadOnlyMany"],
-                        "storageClassName": "",
-                        "hostPath": {"path": "/synthetic"},
-                        "claimRef": {"namespace": NAMESPACE, "name": "w"},
-                    },
-                }
-            )
-            core.create_namespaced_persistent_volume_claim(
-                NAMESPACE,
-                {
-                    "metadata": {"name": "w"},
-                    "spec": {
-                        "accessModes": ["ReadOnlyMany"],
-                        "storageClassName": "",
-                        "volumeName": "w",
-                        "resources": {"requests": {"storage": "1Gi"}},
-                    },
-                },
-            )
-            metrics_port = _free_port()
-            env = dict(
-                os.environ,
-                KUBECONFIG=str(local.kubeconfig),
-                ROLLOUTFLEET_IDLE_SECONDS="1",
-                ROLLOUTFLEET_RESYNC_SECONDS="10",
-            )
-            log = open(pathlib.Path(tmp) / "operator.log", "wb")  # noqa: SIM115 - lives as long as the process
-            operator = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "rolloutfleet.cli",
-                    "run",
-                    "-A",
-                    "--standalone",
-                    "--metrics-port",
-                    str(metrics_port),
-                    "--liveness",
-                    "",
-                ],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-            procs.append(operator)
-            follower = subprocess.Popen(
-                [sys.executable, __file__, "--follower", str(local.kubeconfig)], stdout=subprocess.DEVNULL
-            )
-            procs.append(follower)
-            custom = client.CustomObjectsApi(api)
-            custom.create_namespaced_custom_object(
-                "rolloutfleet.io",
-                "v1alpha1",
-                NAMESPACE,
-                "rolloutfleets",
-                {
-                    "apiVersion": "rolloutfleet.io/v1alpha1",
-                    "kind": "RolloutFleet",
-                    "metadata": {"name": FLEET},
-                    "spec": {
-                        "replicas": n,
-                        "image": "vllm-rolloutfleet:0.33.0",
-                        "verifier": {"path": "/synthetic/policy/step-0/verifier"},
-                        "draft": {"method": "draft_model", "path": "/synthetic/policy/step-0/draft"},
-                        "weights": {"claimName": "w", "mountPath": "/synthetic", "allowedRoots": ["/synthetic/policy"]},
-                        "updateStrategy": {"mode": "sleep", "rollout": "AllAtOnce", "timeouts": {"wakeSeconds": 60}},
-                    },
-                },
-            )
-            started = time.monotonic()
-            pods_ready = _wait_engines(core, n, timeout=600)
-            print(
-                f"[bench] n={n}: {n} pods Running with engines answering in {time.monotonic() - started:.1f}s",
-                file=sys.stderr,
-            )
-            time.sleep(3)  # let the fleet settle (first resync passes)
-            cpu0, req0 = _proc_cpu(operator.pid), _kube_requests(metrics_port)
-            sim0, machine0 = _proc_cpu(follower.pid), _machine_busy()
-            components = _component_pids(local)
-            others0 = {name: _proc_cpu(pid) for name, pid in components.items()}
-            t0 = time.monotonic()
-            custom.create_namespaced_custom_object(
-                "rolloutfleet.io",
-                "v1alpha1",
-                NAMESPACE,
-                "weightrevisions",
-                {
-                    "apiVersion": "rolloutfleet.io/v1alpha1",
-                    "kind": "WeightRevision",
-                    "metadata": {"name": "step-1"},
-                    "spec": {
-                        "fleetRef": {"name": FLEET},
-                        "revision": 1,
-                        "verifier": {"path": "/synthetic/policy/step-1/verifier"},
-                        "draft": {"path": "/synthetic/policy/step-1/draft"},
-                    },
-                },
-            )
-            phase = ""
-            while time.monotonic() - t0 < 600:
-                status = (
-                    custom.get_namespaced_custom_object(
-                        "rolloutfleet.io", "v1alpha1", NAMESPACE, "weightrevisions", "step-1"
-                    ).get("status")
-                    or {}
-                )
-                phase = status.get("phase", "")
-                if phase in ("Succeeded", "Failed", "RolledBack"):
-                    break
-                time.sleep(0.2)  # each GET returns the per-pod status of the whole fleet: poll gently
-            total = time.monotonic() - t0
-            cpu = _proc_cpu(operator.pid) - cpu0
-            requests = _kube_requests(metrics_port) - req0
-            rss = _peak_rss_mb(operator.pid)
-            sim_cpu = _proc_cpu(follower.pid) - sim0
-            machine = _machine_busy() - machine0
-            others = {name: round(_proc_cpu(pid) - others0[name], 2) for name, pid in components.items()}
-            return {
-                "pods": n,
-                "phase": phase,
-                "total_s": round(total, 2),
-                "lower_bound_s": round(LOWER_BOUND, 2),
-                "overhead_s": round(total - LOWER_BOUND, 2),
-                "overhead_pct": round(100 * (total - LOWER_BOUND) / LOWER_BOUND, 1),
-                "target_s": round(LOWER_BOUND * 0.05 + 1, 2),
-                "operator_cpu_s": round(cpu, 2),
-                "peak_rss_mb": round(rss, 1),
-                "kube_requests": requests,
-                "kube_requests_per_pod": round(requests / n, 3),
-                "pods_ready_s": round(pods_ready, 1),
-                "sim_cpu_s": round(sim_cpu, 2),
-                "machine_busy_s": round(machine, 2),
-                "control_plane_cpu_s": others,
-            }
-        finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-            local.stop()
-            log_copy = pathlib.Path(tempfile.gettempdir()) / f"rf-bench-operator-{n}.log"
-            log_copy.write_bytes((pathlib.Path(tmp) / "operator.log").read_bytes())
+    nodes, gpus = _cluster_sizing(n, args.subnet_offset)
+    local = cluster.Cluster(
+        tmp, name=f"bench{n}", nodes=nodes, gpus_per_node=gpus, subnet_offset=args.subnet_offset, tie_to_parent=True
+    )
+    stack.callback(local.stop)
+    local.start()
+    api = config.new_client_from_config(config_file=str(local.kubeconfig), persist_config=False)
+    ext = client.ApiextensionsV1Api(api)
+    for crd in crdgen.custom_resource_definitions().values():
+        ext.create_custom_resource_definition(crd)
+    time.sleep(2)
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": NAMESPACE}})
+    while not core.list_namespaced_service_account(NAMESPACE).items:
+        time.sleep(0.2)
+    core.create_persistent_volume(
+        {
+            "metadata": {"name": "w"},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "hostPath": {"path": "/synthetic"},
+                "claimRef": {"namespace": NAMESPACE, "name": "w"},
+            },
+        }
+    )
+    core.create_namespaced_persistent_volume_claim(
+        NAMESPACE,
+        {
+            "metadata": {"name": "w"},
+            "spec": {
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "volumeName": "w",
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    )
+    # The control plane's processes, before ours exist (the followers' command lines name the kubeconfig).
+    components = {}
+    for pid in local.pids():
+        with contextlib.suppress(OSError):
+            comm = pathlib.Path(f"/proc/{pid}/comm").read_text().strip()
+            components[pid] = comm if comm in ("kube-apiserver", "etcd") else "other control plane"
+    metrics_port = _free_port()
+    env = dict(
+        os.environ,
+        KUBECONFIG=str(local.kubeconfig),
+        ROLLOUTFLEET_IDLE_SECONDS="1",
+        ROLLOUTFLEET_RESYNC_SECONDS="10",
+    )
+    log = stack.enter_context((tmp / "operator.log").open("wb"))
+    stack.callback(
+        lambda: (pathlib.Path(tempfile.gettempdir()) / f"rf-bench-operator-{n}.log").write_bytes(
+            (tmp / "operator.log").read_bytes()
+        )
+    )
+    operator = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "rolloutfleet.cli", "run", "-A", "--standalone"),
+            *("--metrics-port", str(metrics_port), "--liveness", ""),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    stack.callback(_stop, operator)
+    latency_file = tmp / "latencies.json"
+    followers = []
+    for i in range(args.engine_procs):
+        follower_log = stack.enter_context(
+            (pathlib.Path(tempfile.gettempdir()) / f"rf-bench-follower-{n}-{i}.log").open("wb")
+        )
+        follower = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--follower",
+                str(local.kubeconfig),
+                str(i),
+                str(args.engine_procs),
+                str(latency_file),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=follower_log,
+        )
+        stack.callback(_stop, follower)
+        followers.append(follower)
+    spec = {
+        "replicas": n,
+        "image": "vllm-rolloutfleet:0.33.0",  # has the weight-version routes: update_weight_version is a step
+        "verifier": {"path": "/synthetic/policy/step-0/verifier"},
+        "draft": {"method": "draft_model", "path": "/synthetic/policy/step-0/draft"},
+        "weights": {"claimName": "w", "mountPath": "/synthetic", "allowedRoots": ["/synthetic/policy"]},
+        "updateStrategy": {"mode": "sleep", "rollout": "AllAtOnce", "timeouts": {"wakeSeconds": 60}},
+    }
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        NAMESPACE,
+        "rolloutfleets",
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RolloutFleet", "metadata": {"name": FLEET}, "spec": spec},
+    )
+    fleet = Fleet(
+        n=n,
+        args=args,
+        tmp=tmp,
+        local=local,
+        api=api,
+        metrics_port=metrics_port,
+        operator=operator,
+        followers=followers,
+        latency_file=latency_file,
+        components=components,
+        reset_prefix_cache=prefix_caching_on(RolloutFleetSpec.model_validate(spec)),
+    )
+    timeout = 120 + 0.25 * n
+    started = time.monotonic()
+    _wait_engines(core, n, timeout=timeout)
+    _log(f"n={n}: {n} pods Running with engines answering in {time.monotonic() - started:.1f}s")
+    settled = fleet.wait_settled(timeout)
+    _log(f"n={n}: fleet settled (readyReplicas == {n}) {settled:.1f}s later")
+    return fleet
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _log(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
 def _wait_engines(core: Any, n: int, timeout: float) -> float:
@@ -282,11 +781,12 @@ def _wait_engines(core: Any, n: int, timeout: float) -> float:
     started = time.monotonic()
 
     async def healthy(ips: list[str]) -> int:
-        async with aiohttp.ClientSession(trust_env=False) as session:
+        connector = aiohttp.TCPConnector(limit=256)  # 4,096 engines: not 4,096 sockets at once
+        async with aiohttp.ClientSession(trust_env=False, connector=connector) as session:
 
             async def one(ip: str) -> bool:
                 try:
-                    async with session.get(f"http://{ip}:8000/health", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                    async with session.get(f"http://{ip}:8000/health", timeout=aiohttp.ClientTimeout(total=10)) as resp:
                         return resp.status == 200
                 except (aiohttp.ClientError, TimeoutError):
                     return False
@@ -299,60 +799,392 @@ def _wait_engines(core: Any, n: int, timeout: float) -> float:
         if len(ips) == n and asyncio.run(healthy(ips)) == n:
             return time.monotonic() - started
         time.sleep(1)
-    raise TimeoutError(f"{n} engines did not come up in {timeout}s")
+    raise TimeoutError(f"{n} engines did not come up in {timeout:.0f}s")
 
 
-def report(rows: list[dict[str, Any]], command: str) -> str:
+def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) -> dict[str, Any]:
+    """One scenario: strategy, settle, latencies, then one revision measured from creation to a final phase."""
+    n, args = fleet.n, fleet.args
+    fleet.set_strategy(scenario.rollout, scenario.max_unavailable)
+    time.sleep(2)
+    settle_s = fleet.wait_settled(120 + 0.25 * n)
+    pods = fleet.pods()
+    if len(pods) != n:
+        raise RuntimeError(f"{len(pods)}/{n} pods Running before {scenario.name}")
+    per_pod, stragglers = draw_latencies(scenario.latencies, n, scenario_rng(args.seed, index))
+    fleet.push_latencies({ip: steps for (_, ip, _), steps in zip(pods, per_pod, strict=True)})
+    bound = lower_bound(
+        per_pod, scenario.mode, scenario.rollout, scenario.max_unavailable, reset_prefix_cache=fleet.reset_prefix_cache
+    )
+    spy, spy_file = None, None
+    if args.profile:
+        spy_file = pathlib.Path(tempfile.gettempdir()) / f"rf-bench-profile-{n}-{index}-{scenario.name}.txt"
+        spy_file.unlink(missing_ok=True)
+        with (fleet.tmp / f"py-spy-{index}.log").open("wb") as spy_log:
+            spy = subprocess.Popen(
+                [
+                    str(pathlib.Path(sys.executable).parent / "py-spy"),
+                    *("record", "-p", str(fleet.operator.pid), "-r", "100", "-f", "raw", "--nonblocking"),
+                    *("-o", str(spy_file), "-d", str(int(REVISION_TIMEOUT_S) + 60)),
+                ],
+                stdout=spy_log,
+                stderr=subprocess.STDOUT,
+            )
+        time.sleep(1.0)  # attached and sampling before the revision exists
+    try:
+        offset = fleet.log_offset()
+        peak_reset = _reset_peak(fleet.operator.pid)
+        req0, cpu0 = _request_counts(fleet.metrics_port), fleet.cpu(spy.pid if spy else None)
+        t0 = time.monotonic()
+        name = fleet.create_revision(revision, scenario.mode)
+        status = fleet.await_revision(name, REVISION_TIMEOUT_S, poll=0.2)
+        total = time.monotonic() - t0
+        cpu1, req1 = fleet.cpu(spy.pid if spy else None), _request_counts(fleet.metrics_port)
+        peak, rss = _rss_mb(fleet.operator.pid)
+    finally:
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            try:
+                spy.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+                spy.wait()
+    profile = summarize_profile(spy_file.read_text()) if spy_file is not None and spy_file.exists() else None
+    replaced = len({uid for _, _, uid in pods} - {uid for _, _, uid in fleet.pods()})
+    cpu = {k: round(cpu1.get(k, 0.0) - cpu0.get(k, 0.0), 2) for k in cpu1}
+    wall = cpu.pop("t")
+    machine = cpu.pop("machine")
+    engines = round(sum(v for k, v in cpu.items() if k.startswith("engines.")), 2)
+    engine_req, kube_req = _delta(req1["engine"], req0["engine"]), _delta(req1["kube"], req0["kube"])
+    phase = status.get("phase") or "Timeout"
+    row = {
+        "kind": "scenario",
+        "pods": n,
+        "scenario": scenario.name,
+        "revision": revision,
+        "seed": args.seed,
+        "engine_procs": args.engine_procs,
+        "phase": phase,
+        "reason": status.get("reason"),
+        "message": status.get("message"),
+        "total_s": round(total, 2),
+        "lower_bound_s": round(bound, 2),
+        "overhead_s": round(total - bound, 2),
+        "overhead_pct": round(100 * (total - bound) / bound, 1) if bound > 0 else None,
+        "target_s": round(0.05 * bound + 1, 2),
+        "operator_cpu_s": cpu["operator"],
+        "operator_cpu_ms_per_pod": round(1000 * cpu["operator"] / n, 2),
+        "peak_rss_mb": round(peak, 1),
+        "peak_rss_scope": "scenario" if peak_reset else "process lifetime",
+        "rss_mb": round(rss, 1),
+        "engine_requests": round(sum(engine_req.values())),
+        "engine_requests_per_pod": round(sum(engine_req.values()) / n, 2),
+        "engine_requests_by_route": engine_req,
+        "kube_requests": round(sum(kube_req.values())),
+        "kube_requests_per_pod": round(sum(kube_req.values()) / n, 3),
+        "kube_requests_by_verb": kube_req,
+        "cpu_split_s": {
+            "operator": cpu["operator"],
+            "engines": engines,
+            "engines_by_proc": [cpu[f"engines.{i}"] for i in range(len(fleet.followers))],
+            "kube-apiserver": cpu.get("kube-apiserver", 0.0),
+            "etcd": cpu.get("etcd", 0.0),
+            "other control plane": cpu.get("other control plane", 0.0),
+            "bench": round(cpu["bench"] + cpu.get("py-spy", 0.0), 2),
+            "rest of machine": round(machine - sum(v for k, v in cpu.items()), 2),
+            "machine_busy": round(machine, 2),
+            "wall": round(wall, 2),
+        },
+        "operator_passes": fleet.passes(offset, name),
+        "timings": status.get("timings"),
+        "stragglers": stragglers,
+        "pods_replaced": replaced,
+        "settle_s": round(settle_s, 1),
+        "profile_file": str(spy_file) if spy_file else None,
+        "profile": profile,
+    }
+    if replaced:
+        _log(f"n={n} {scenario.name}: {replaced} pods were replaced during the scenario")
+    return row
+
+
+def run_soak(fleet: Fleet, revisions: int, first_revision: int) -> dict[str, Any]:
+    """``revisions`` zero-latency sleep-mode AllAtOnce revisions back to back; the operator's RSS every 50."""
+    fleet.set_strategy("AllAtOnce", 1)
+    time.sleep(2)
+    fleet.wait_settled(120 + 0.25 * fleet.n)
+    pods = fleet.pods()
+    fleet.push_latencies({ip: dict.fromkeys(BASE_STEPS, 0.0) for _, ip, _ in pods})
+    _reset_peak(fleet.operator.pid)  # the soak's own peak
+    started = time.monotonic()
+    samples = [{"revisions": 0, "rss_mb": round(_rss_mb(fleet.operator.pid)[1], 1), "elapsed_s": 0.0}]
+    failure = None
+    done = 0
+    for i in range(1, revisions + 1):
+        name = fleet.create_revision(first_revision + i - 1, "sleep")
+        status = fleet.await_revision(name, SOAK_REVISION_TIMEOUT_S, poll=0.1)
+        if status.get("phase") != "Succeeded":
+            failure = {"revisions": i, "name": name, "phase": status.get("phase") or "Timeout"}
+            failure.update({k: status.get(k) for k in ("reason", "message")})
+            _log(f"soak: {name} ended {failure['phase']}: {status.get('reason')} {status.get('message')}; stopping")
+            rss, elapsed = _rss_mb(fleet.operator.pid)[1], time.monotonic() - started
+            samples.append({"revisions": i, "rss_mb": round(rss, 1), "elapsed_s": round(elapsed, 1)})
+            break
+        done = i
+        if i % SOAK_SAMPLE_EVERY == 0 or i == revisions:
+            elapsed = time.monotonic() - started
+            rss = _rss_mb(fleet.operator.pid)[1]
+            samples.append({"revisions": i, "rss_mb": round(rss, 1), "elapsed_s": round(elapsed, 1)})
+            _log(
+                f"soak: {i}/{revisions} revisions, {elapsed:.0f}s, {60 * i / elapsed:.1f} revisions/min, "
+                f"RSS {rss:.1f} MB"
+            )
+    at_100 = next((s for s in samples if s["revisions"] == 100), None)
+    growth = round(samples[-1]["rss_mb"] - at_100["rss_mb"], 1) if at_100 and samples[-1] is not at_100 else None
+    return {
+        "kind": "soak",
+        "pods": fleet.n,
+        "revisions": revisions,
+        "succeeded": done,
+        "samples": samples,
+        "growth_after_100_mb": growth,
+        "failure": failure,
+        "peak_rss_mb": round(_rss_mb(fleet.operator.pid)[0], 1),
+    }
+
+
+# -- the report ----------------------------------------------------------------------------------------------------
+
+
+def _fmt(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def report(rows: list[dict[str, Any]], soaks: list[dict[str, Any]], command: str, args: argparse.Namespace) -> str:
+    cores = os.cpu_count()
+    k = args.engine_procs
+    engines = (
+        "one follower process serves every engine"
+        if k == 1
+        else f"{k} follower processes serve them (follower i: the pods whose ordinal % {k} == i)"
+    )
+    paragraphs = [
+        "Per fleet size: one local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok with "
+        "fake 8-GPU nodes, fatter ones past 255 nodes), the real operator as one process, and a simulated engine "
+        f"(synthetic weights) on every pod's loopback IP: {engines}. All of them and this bench share the "
+        f"machine's {cores} cores; nothing is pinned, and other work on the machine shows as 'rest of machine' "
+        "in the CPU split.",
+        "Scenarios (`<latencies>-<rollout>-<mode>`) run one after another on the same fleet, each one new "
+        "WeightRevision, once the fleet is settled (the operator opened every pod's readiness gate: "
+        "`status.readyReplicas == n`). The rollout (AllAtOnce, or Rolling with `maxUnavailable: "
+        f"{ROLLING_MAX_UNAVAILABLE}`) is patched into the fleet's `updateStrategy`; the mode (sleep or in-flight) "
+        "is the revision's `spec.strategy.mode` override: the fleet's mode is in the pod template "
+        "(`--enable-sleep-mode`), so changing it would restart every pod. The fleet starts in sleep mode.",
+        "Base step latencies (seconds): "
+        + ", ".join(f"`{step}` {seconds:g}" for step, seconds in BASE_STEPS.items())
+        + ". `uniform`: every engine gets them. `longtail`: per engine and "
+        f"step, base x lognormal(0, {LONGTAIL_SIGMA}), and {STRAGGLER_FRACTION:.0%} of the engines (at least one, "
+        f"a seeded choice) load {STRAGGLER_LOAD_FACTOR:g}x slower on top (`rolloutfleet_load:*`). Draws are "
+        f"seeded with `--seed {args.seed}` and the scenario's index. Fast reads (is_paused, is_sleeping, the "
+        "extension's state, weight_info, ready, health) and the pre-flight take no time. "
+        "`reset_prefix_cache` runs only where prefix caching is on (not in this fleet).",
+        "Lower bound: the same drawn latencies with zero operator overhead (`lower_bound` in the bench). "
+        "AllAtOnce: the slowest pod's pre-resume steps, then the slowest resume (the barrier). Rolling: pods in "
+        "ordinal order, at most maxUnavailable out of service at once, each pod's steps back to back (a greedy "
+        "list schedule's makespan). Totals run from the revision's creation to its final phase, polled every "
+        "0.2 s (up to 0.2 s of granularity). Peak RSS is the operator's VmHWM, reset before each scenario "
+        "(`/proc/PID/clear_refs`); requests are the deltas of the operator's own counters over the scenario.",
+    ]
     lines = [
         "# Rollout overhead of the operator (simulated engines)",
         "",
-        f"Machine: {os.cpu_count()} cores, {platform.platform()}, Python {platform.python_version()}.",
+        f"Machine: {cores} cores, {platform.platform()}, Python {platform.python_version()}.",
         f"Command: `{command}`",
         "",
-        "One sleep-mode AllAtOnce WeightRevision (no load cap) per fleet size; simulated per-step latencies",
-        "(the bench polls the revision every 0.2 s, so totals carry up to 0.2 s of polling granularity),",
-        f"{json.dumps(STEPS)}, so the ideal lower bound is their sum, {LOWER_BOUND:.2f} s (every pod in parallel).",
-        "The operator and the simulated engines run as separate processes on the same 2 cores, next to the",
-        "local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok).",
-        "",
-        "| pods | phase | total s | lower bound s | overhead s | overhead % | target s (5 % + 1 s) "
-        "| operator CPU s | peak RSS MB | kube API req | req/pod |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        cells = [
-            r["pods"],
-            r["phase"],
-            r["total_s"],
-            r["lower_bound_s"],
-            r["overhead_s"],
-            r["overhead_pct"],
-            r["target_s"],
-            r["operator_cpu_s"],
-            r["peak_rss_mb"],
-            int(r["kube_requests"]),
-            r["kube_requests_per_pod"],
+    for paragraph in paragraphs:
+        lines += [textwrap.fill(paragraph, 110, break_long_words=False, break_on_hyphens=False), ""]
+    if rows:
+        lines += [
+            "| pods | scenario | phase | total s | lower bound s | overhead s | overhead % | target s (5 % + 1 s) "
+            "| operator CPU s | CPU ms/pod | peak RSS MB | RSS MB | engine req/pod | kube req/pod |",
+            "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+        for r in rows:
+            cells = [
+                r["pods"],
+                r["scenario"],
+                r["phase"],
+                r["total_s"],
+                r["lower_bound_s"],
+                r["overhead_s"],
+                r["overhead_pct"],
+                r["target_s"],
+                r["operator_cpu_s"],
+                r["operator_cpu_ms_per_pod"],
+                r["peak_rss_mb"],
+                r["rss_mb"],
+                r["engine_requests_per_pod"],
+                r["kube_requests_per_pod"],
+            ]
+            lines.append("| " + " | ".join(_fmt(c) for c in cells) + " |")
+        odd = [r for r in rows if r["phase"] != "Succeeded" or r["pods_replaced"]]
+        for r in odd:
+            lines.append("")
+            lines.append(
+                f"{r['pods']} pods, {r['scenario']}: {r['phase']} ({_fmt(r['reason'])}: {_fmt(r['message'])}); "
+                f"{r['pods_replaced']} pods replaced during the scenario."
+            )
+        lines += [
+            "",
+            f"## CPU split during each scenario (CPU seconds from /proc; {cores} cores)",
+            "",
+            "| pods | scenario | wall s | machine busy s | operator | engines | kube-apiserver | etcd "
+            "| other control plane | bench | rest of machine |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in rows:
+            c = r["cpu_split_s"]
+            engines = str(c["engines"])
+            if len(c["engines_by_proc"]) > 1:
+                engines += " (" + " + ".join(str(v) for v in c["engines_by_proc"]) + ")"
+            cells = [
+                r["pods"],
+                r["scenario"],
+                c["wall"],
+                c["machine_busy"],
+                c["operator"],
+                engines,
+                c["kube-apiserver"],
+                c["etcd"],
+                c["other control plane"],
+                c["bench"],
+                c["rest of machine"],
+            ]
+            lines.append("| " + " | ".join(_fmt(v) for v in cells) + " |")
+    profiled = [r for r in rows if r.get("profile")]
+    if profiled:
+        lines += [
+            "",
+            "## Operator profiles (py-spy, 100 Hz, non-blocking; % of the samples py-spy took of active threads)",
+            "",
+            "Profiled rows carry the sampler's own CPU (about a quarter of a core) in 'bench'. The library list",
+            "leaves out the frames every stack passes through (runpy, asyncio.run, the event loop's dispatch,",
+            "thread bootstrap, the executor's worker). 'Waiting' samples end in a wait that py-spy's non-blocking",
+            "idle detection let through (the event loop's select, a thread's blocking TLS read of the API",
+            "server's answer, an executor thread on its queue); they are in the percentages.",
+        ]
+        for r in profiled:
+            p = r["profile"]
+            lines += [
+                "",
+                f"### {r['pods']} pods, {r['scenario']} ({p['samples']} samples, {_fmt(p.get('idle_pct'))} % "
+                f"waiting; raw: `{r['profile_file']}`)",
+            ]
+            for title, key in (
+                ("Self time", "self"),
+                ("Inclusive, rolloutfleet/", "own_inclusive"),
+                ("Inclusive, libraries", "library_inclusive"),
+            ):
+                lines += ["", f"{title}:", "", "| % | function |", "|---:|---|"]
+                lines += [f"| {pct} | `{name}` |" for name, pct in p[key]]
+    for soak in soaks:
+        lines += [
+            "",
+            f"## Memory soak: {soak['pods']} pods, {soak['succeeded']}/{soak['revisions']} zero-latency revisions "
+            "back to back",
+            "",
+            "Sleep-mode AllAtOnce revisions, each created once the previous one Succeeded; revisions are kept",
+            "(not deleted). RSS is the operator's VmRSS after that many revisions.",
+            "",
+            "| revisions | RSS MB | elapsed s | s/revision since the previous sample |",
+            "|---:|---:|---:|---:|",
+        ]
+        prev = None
+        for s in soak["samples"]:
+            rate = ""
+            if prev is not None and s["revisions"] > prev["revisions"]:
+                rate = str(round((s["elapsed_s"] - prev["elapsed_s"]) / (s["revisions"] - prev["revisions"]), 2))
+            lines.append(f"| {s['revisions']} | {s['rss_mb']} | {s['elapsed_s']} | {rate} |")
+            prev = s
+        growth = soak["growth_after_100_mb"]
+        lines += [
+            "",
+            f"Growth from revision 100 to the last sample: {growth} MB."
+            if growth is not None
+            else "Growth from revision 100 to the last sample: n/a (no sample after revision 100).",
+        ]
+        lines.append(f"Peak RSS (VmHWM) during the soak: {soak['peak_rss_mb']} MB.")
+        if soak["failure"]:
+            f = soak["failure"]
+            lines.append(
+                f"Stopped at revision {f['revisions']} ({f['name']}): {f['phase']}, {f['reason']}: {f['message']}."
+            )
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)) + "\n"
+
+
+def _raise_open_files() -> None:
+    """Open-files soft limit up to the hard one: the bench polls every engine's /health at once."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _command() -> str:
+    exe = os.path.relpath(sys.executable)
+    return shlex.join([exe if not exe.startswith("..") else sys.executable, *sys.argv])
 
 
 def main() -> int:
-    if len(sys.argv) >= 3 and sys.argv[1] == "--follower":
-        follower_main(sys.argv[2])
+    if len(sys.argv) >= 6 and sys.argv[1] == "--follower":
+        follower_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(DEFAULT_SCENARIOS),
+        help="comma-separated <uniform|longtail|zero>-<allatonce|rolling>-<sleep|inflight>; 'none' for none",
+    )
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--engine-procs", type=int, default=1, help="follower processes serving the engines")
+    parser.add_argument("--profile", action="store_true", help="sample the operator with py-spy per scenario")
+    parser.add_argument("--soak-revisions", type=int, default=0, help="then N zero-latency revisions back to back")
+    parser.add_argument("--subnet-offset", type=int, default=0, help="first fake node's 127.1.<offset>.0/24")
     parser.add_argument("--out", default="bench/results/rollout_overhead.md")
+    parser.add_argument("--json", default=str(pathlib.Path(tempfile.gettempdir()) / "rollout_overhead.json"))
     args = parser.parse_args()
-    rows = []
+    names = [] if args.scenarios.strip() in ("", "none") else [s for s in args.scenarios.split(",") if s.strip()]
+    scenarios = [Scenario.parse(s) for s in names]
+    if args.engine_procs < 1:
+        parser.error("--engine-procs must be at least 1")
+    _raise_open_files()
+    command, run_id = _command(), datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    rows: list[dict[str, Any]] = []
+    soaks: list[dict[str, Any]] = []
+
+    def record(row: dict[str, Any]) -> None:
+        with pathlib.Path(args.json).open("a") as f:
+            f.write(json.dumps({"run": run_id, "command": command, **row}) + "\n")
+
     for n in args.sizes:
-        row = run_size(n)
-        print(json.dumps(row), file=sys.stderr)
-        rows.append(row)
-    text = report(rows, "python bench/rollout_overhead.py --sizes " + " ".join(map(str, args.sizes)))
-    pathlib.Path(args.out).write_text(text)
-    print(text)
+        try:
+            with tempfile.TemporaryDirectory(prefix=f"rf-bench-{n}-") as tmp, contextlib.ExitStack() as stack:
+                fleet = start_fleet(n, args, pathlib.Path(tmp), stack)
+                for index, scenario in enumerate(scenarios, start=1):
+                    row = run_scenario(fleet, scenario, index, revision=index)
+                    keys = ("pods", "scenario", "phase", "total_s", "lower_bound_s", "operator_cpu_s")
+                    _log(json.dumps({k: row[k] for k in keys}))
+                    rows.append(row)
+                    record(row)
+                if args.soak_revisions > 0:
+                    soak = run_soak(fleet, args.soak_revisions, first_revision=len(scenarios) + 1)
+                    soaks.append(soak)
+                    record(soak)
+        finally:  # after each size, and after a failure too: partial runs leave their results
+            pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            pathlib.Path(args.out).write_text(report(rows, soaks, command, args))
+    print(report(rows, soaks, command, args))
     return 0
 
 
