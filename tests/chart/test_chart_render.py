@@ -22,7 +22,7 @@ EXPECTED_RULES = {
     ("rolloutfleet.io", "rolloutfleets/status"): {"patch"},
     ("rolloutfleet.io", "weightrevisions"): {"get", "list", "watch", "patch"},
     ("rolloutfleet.io", "weightrevisions/status"): {"patch"},
-    ("", "pods"): {"list", "delete"},  # delete: the repair of a target a failed push session destroyed
+    ("", "pods"): {"list", "watch", "delete"},  # delete: the repair of a target a failed push session destroyed
     ("", "pods/status"): {"patch"},  # the weights readiness gate
     ("", "services"): {"create", "patch"},
     ("apps", "statefulsets"): {"get", "create", "patch"},

@@ -99,10 +99,12 @@ rollout and nothing else is granted. Why each one:
 - apiGroups: ["rolloutfleet.io"]
   resources: ["weightrevisions/status"]
   verbs: ["patch"]
-# Engine pods are listed by label to find their IPs (the operator dials pod IPs) and readiness.
+# Engine pods are listed by label to find their IPs (the operator dials pod IPs) and readiness, then
+# watched, so that every pass and status write reads them without listing the whole fleet again (without
+# `watch` the operator lists at every read: correct, and slower on large fleets).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 # A weight-transfer session that failed leaves its model's parameters unusable (vLLM puts them on the meta
 # device) and only a new process repairs it: the operator deletes that one engine pod (docs/push.md), and
 # its StatefulSet recreates it on the fleet's initial weights.

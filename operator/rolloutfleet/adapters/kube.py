@@ -28,6 +28,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
 from rolloutfleet.adapters.kube_http import KubeHTTP, KubeHTTPError
+from rolloutfleet.adapters.kube_watch import WatchedList
 
 Manifest = dict[str, Any]
 T = TypeVar("T")
@@ -87,6 +88,7 @@ class Kube:
         self._threads = threads
         self._http: KubeHTTP | None = None  # get, list and patch: on the event loop (``adapters.kube_http``)
         self._resources: dict[tuple[str, str, str | None], Any] = {}  # discovered once per kind
+        self._watched: dict[tuple[str, str], WatchedList] = {}  # pods by (namespace, selector): kube_watch
         self.requests = 0  # API requests issued, for the rollout benchmark's per-pod accounting
         self.on_request: Callable[[str], None] | None = None  # metrics hook: called with the verb
         self._event_warned = False
@@ -119,6 +121,9 @@ class Kube:
     def close(self) -> None:
         """Release the thread pool and connections (the event loop's session on the running loop, if any)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for watched in self._watched.values():
+            watched.stop()
+        self._watched = {}
         if self._http is not None:
             self._http.close_soon()
             self._http = None
@@ -126,7 +131,10 @@ class Kube:
             self._api_client.close()
 
     async def aclose(self) -> None:
-        """``close``, waiting for the event loop's session to close."""
+        """``close``, waiting for the event loop's session (and the watches on it) to close."""
+        watched, self._watched = list(self._watched.values()), {}
+        for one in watched:
+            await one.close()
         http, self._http = self._http, None
         if http is not None:
             await http.close()
@@ -233,11 +241,33 @@ class Kube:
     async def list(
         self, api_version: str, kind: str, namespace: str | None, label_selector: str = ""
     ) -> list[Manifest]:
-        """Objects of a kind in a namespace, optionally filtered by labels."""
+        """Objects of a kind in a namespace, optionally filtered by labels.
+
+        A fleet's pods (a namespace and a selector) are kept by a watch after the first list, and read from
+        it while it is open (``adapters.kube_watch``): the same objects, without listing them again.
+        """
+        watched = kind == "Pod" and api_version == "v1" and namespace is not None and label_selector != ""
+        key = (namespace or "", label_selector)
+        cached = self._watched.get(key) if watched else None
+        if cached is not None and cached.current:
+            return cached.read()
         path = await self._path(api_version, kind, namespace)
         params = {"labelSelector": label_selector} if label_selector else None
-        out = await self._send("list", "GET", path, params=params, timeout=self.list_timeout)
-        return list((out or {}).get("items") or [])
+        out = await self._send("list", "GET", path, params=params, timeout=self.list_timeout) or {}
+        if watched:
+            self._reap()
+            if cached is None:
+                assert self._http is not None  # opened by _send
+                cached = self._watched[key] = WatchedList(self._http, path, label_selector, on_request=self._count)
+            cached.seed(out)
+        return list(out.get("items") or [])
+
+    def _reap(self) -> None:
+        """Stop watching lists nobody read for a while (a deleted fleet's pods)."""
+        for key, watched in list(self._watched.items()):
+            if watched.idle():
+                watched.stop()
+                del self._watched[key]
 
     async def create(self, manifest: Manifest) -> Manifest | None:
         """Create an object; None when it already exists (409)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 import aiohttp
@@ -57,6 +58,7 @@ class KubeHTTP:
         self._ssl = ssl_context(configuration)
         self._limit = limit
         self._session: aiohttp.ClientSession | None = None
+        self._streams: aiohttp.ClientSession | None = None  # watches: each holds a connection for minutes
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": "rolloutfleet-operator"}
@@ -109,10 +111,48 @@ class KubeHTTP:
         except aiohttp.ClientError as exc:
             raise KubeHTTPError(0, f"{type(exc).__name__}: {exc}") from exc
 
+    async def stream(
+        self,
+        path: str,
+        *,
+        params: dict[str, str],
+        timeout: float,  # noqa: ASYNC109 - the wait for each line, passed to aiohttp
+        on_open: Callable[[], None] | None = None,
+    ) -> AsyncIterator[Any]:
+        """A watch: each line of the answer, decoded, until the server ends it; ``KubeHTTPError`` on failure.
+
+        ``timeout`` bounds the wait for each line (the server sends bookmarks well within it); ``on_open``
+        is called once the server accepted the watch (every change from then on will be delivered)."""
+        if self._streams is None:
+            # Unbounded, apart from the requests' pool: a watch per fleet must never wait for a connection.
+            connector = aiohttp.TCPConnector(limit=0, ssl=self._ssl)
+            self._streams = aiohttp.ClientSession(connector=connector, trust_env=False, read_bufsize=2**20)
+        try:
+            async with self._streams.get(
+                self.base + path,
+                params=params,
+                headers=self._headers(None),
+                proxy=self.configuration.proxy or None,
+                server_hostname=getattr(self.configuration, "tls_server_name", None) or None,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout),
+            ) as resp:
+                if resp.status != 200:
+                    raise KubeHTTPError(resp.status, _message(await resp.text(), resp.reason or ""))
+                if on_open is not None:
+                    on_open()
+                while line := await resp.content.readline():
+                    if line.strip():
+                        yield json.loads(line)
+        except TimeoutError as exc:
+            raise KubeHTTPError(0, f"watch {path}: nothing in {timeout:g}s") from exc
+        except aiohttp.ClientError as exc:
+            raise KubeHTTPError(0, f"watch {path}: {type(exc).__name__}: {exc}") from exc
+
     async def close(self) -> None:
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
+        for session in (self._session, self._streams):
+            if session is not None:
+                await session.close()
+        self._session = self._streams = None
 
     def close_soon(self) -> None:
         """``close`` from synchronous code: scheduled on the running loop, if any (else nothing is open)."""

@@ -719,6 +719,7 @@ class RolloutPass:
         goals = [g for g in (self.goal, self.kept) if g is not None]
         if self.sel.rolling_back:
             goals = [self.goal]  # the revision failed: only what the fleet served before may serve
+        moves = []
         for pod in self.order:
             state = self.states.get(pod)
             if state is None or pod in self.inflight:
@@ -733,7 +734,8 @@ class RolloutPass:
                     self.messages.get(pod) or self.decisions.get(pod, Decision(Step.PAUSE)).reason or "not at the goal",
                 )
             )
-            await self._route(pod, value, reason, message)
+            moves.append(self._route(pod, value, reason, message))
+        await asyncio.gather(*moves)  # every pod at once: a pod whose gate is right costs nothing
 
     async def _write_status(self, force: bool = False) -> None:
         """Progress writes run beside the steps (never on the rollout's critical path); forced ones wait."""
