@@ -57,6 +57,9 @@ class KubeHTTP:
         self.base = configuration.host.rstrip("/")
         self._ssl = ssl_context(configuration)
         self._limit = limit
+        # Requests wait for one of ``limit`` slots *before* their timeout starts: a burst of 4,096 gate
+        # writes queued inside aiohttp's pool timed out there (each one's 30 s ran while it waited its turn).
+        self._slots = asyncio.Semaphore(limit)
         self._session: aiohttp.ClientSession | None = None
         self._streams: aiohttp.ClientSession | None = None  # watches: each holds a connection for minutes
 
@@ -91,13 +94,29 @@ class KubeHTTP:
         """One request; the decoded JSON answer, or ``KubeHTTPError``."""
         session = self._open()
         data = None if body is None else json.dumps(body)
+        async with self._slots:
+            return await self._request(
+                session, method, path, params=params, data=data, content_type=content_type, timeout=timeout
+            )
+
+    async def _request(
+        self,
+        session: aiohttp.ClientSession,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None,
+        data: str | None,
+        content_type: str | None,
+        timeout: float,  # noqa: ASYNC109 - the request's own bound, passed to aiohttp
+    ) -> Any:
         try:
             async with session.request(
                 method,
                 self.base + path,
                 params=params,
                 data=data,
-                headers=self._headers(content_type if body is not None else None),
+                headers=self._headers(content_type if data is not None else None),
                 proxy=self.configuration.proxy or None,
                 server_hostname=getattr(self.configuration, "tls_server_name", None) or None,
                 timeout=aiohttp.ClientTimeout(total=timeout),
