@@ -19,7 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from rolloutfleet.adapters.engine import EngineClient
@@ -49,12 +49,26 @@ FLEET_STATUS_INTERVAL = 1.0
 PROGRESS_PODS_PER_SECOND = 1024
 FLEET_STATUS_PODS_PER_SECOND = 512
 RESUME_BATCH_SECONDS = 5.0  # a pod resumed with others waits at most this long for them before its admit
+# Engine reads in flight at once. Each read takes milliseconds; sent all together, 4,096 of them queued
+# behind each other in the engines' host (one simulator process here) and timed out as "unreachable".
+READ_CONCURRENCY = 512
 FAULT_REASONS = {
     EngineFault.UNAUTHORIZED: "EngineUnauthorized",
     EngineFault.PROTOCOL: "EngineProtocolError",
     EngineFault.EXTENSION: "EngineExtensionError",
     EngineFault.INCONSISTENT: "EngineRanksDisagree",
 }
+
+
+async def bounded(reads: Iterable[Awaitable[engine.EngineState]]) -> list[engine.EngineState]:
+    """The engine reads, at most ``READ_CONCURRENCY`` in flight, in order."""
+    slots = asyncio.Semaphore(READ_CONCURRENCY)
+
+    async def one(read: Awaitable[engine.EngineState]) -> engine.EngineState:
+        async with slots:
+            return await read
+
+    return list(await asyncio.gather(*(one(r) for r in reads)))
 
 
 @dataclasses.dataclass
@@ -386,7 +400,7 @@ class RolloutPass:
         after the first read only pods that failed, or that are about to resume or be called done, are read.
         """
         read = [p for p in self.order if p in self.stale and p not in self.inflight]
-        for pod, state in zip(read, await asyncio.gather(*(self.clients[p].observe() for p in read)), strict=True):
+        for pod, state in zip(read, await bounded(self.clients[p].observe() for p in read), strict=True):
             self.states[pod] = state
             if pod not in self.inflight:  # read after its open returned: what the engine holds is known
                 self._confirm(pod)
