@@ -10,7 +10,8 @@ long-tailed from a seed, AllAtOnce or Rolling 25 %, sleep or in-flight). Per sce
 time from creation to a final phase against the lower bound for the same drawn latencies (a pure
 function, ``lower_bound``), the operator's CPU seconds, peak and current RSS (from /proc), its engine and
 Kubernetes API requests per pod (its own counters on /metrics) and how the machine's cores were shared.
-``--profile`` samples the operator with py-spy during each scenario; ``--soak-revisions N`` then applies N
+``--profile`` samples the operator with py-spy during each scenario (a profiler, not a dependency of the
+project: ``.venv/bin/pip install py-spy`` first); ``--soak-revisions N`` then applies N
 zero-latency revisions back to back and samples the operator's RSS every 50.
 
     .venv/bin/python bench/rollout_overhead.py --sizes 64 256 1024 --out bench/results/rollout_overhead.md
