@@ -526,8 +526,7 @@ class EngineClient:
     async def _reads_in_one(self, deadline: float | None) -> list[Any] | None:
         """The five reads of ``observe`` from one ``GET /rolloutfleet/observe``, shaped as ``_reads_apart``'s;
         None when the image has no such route (then, and for ``ENVELOPE_RECHECK_SECONDS``, five requests)."""
-        noted = self._apart.get(self.base_url)
-        if noted is not None and time.monotonic() - noted < ENVELOPE_RECHECK_SECONDS:
+        if _believed(self._apart, self.base_url, ENVELOPE_RECHECK_SECONDS):
             return None
         ticket = self._loads.ticket()
         try:
@@ -593,8 +592,7 @@ class EngineClient:
         never reused, so a state answered by a newer process is either refused by that comparison (the
         admission came from the newer one) or is that process's initial weights, which no resume accepts.
         """
-        noted = self._apart.get(self.base_url)
-        if noted is None or time.monotonic() - noted >= ENVELOPE_RECHECK_SECONDS:
+        if not _believed(self._apart, self.base_url, ENVELOPE_RECHECK_SECONDS):
             return await self._observed(deadline)
         admission, states = await asyncio.gather(
             self.admission(deadline=deadline), self.extension_state(deadline=deadline), return_exceptions=True
@@ -649,8 +647,7 @@ class EngineClient:
         # vLLM 0.26 has no weight-version routes (404, measured on the H200): feature-detect, do not fail,
         # and remember it for a while so each observation of such an engine costs one read fewer (and its
         # log one 404 line fewer). An engine that goes unreachable is asked again when it is back.
-        noted = self._unversioned.get(self.base_url)
-        if noted is not None and time.monotonic() - noted < VERSION_ROUTES_RECHECK_SECONDS:
+        if _believed(self._unversioned, self.base_url, VERSION_ROUTES_RECHECK_SECONDS):
             return _NO_VERSIONS
         try:
             info = await self.weight_info(deadline=deadline)
@@ -929,6 +926,12 @@ class EnginePool:
 def _instance(body: Any) -> str | None:
     value = body.get("instance") if isinstance(body, dict) else None
     return value if isinstance(value, str) and value else None
+
+
+def _believed(noted: dict[str, float], url: str, seconds: float) -> bool:
+    """A missing route noted for ``url`` (when, monotonic) is still believed: noted less than ``seconds`` ago."""
+    when = noted.get(url)
+    return when is not None and time.monotonic() - when < seconds
 
 
 def _weight_version(body: Any, url: str) -> str | None:

@@ -74,6 +74,13 @@ class KubeHTTP:
                 headers[str(setting["key"])] = str(setting["value"])
         return headers
 
+    def _route(self) -> dict[str, Any]:
+        """How requests reach the server: the configuration's proxy and TLS server name, if any."""
+        return {
+            "proxy": self.configuration.proxy or None,
+            "server_hostname": getattr(self.configuration, "tls_server_name", None) or None,
+        }
+
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=self._limit, ssl=self._ssl)
@@ -95,40 +102,24 @@ class KubeHTTP:
         session = self._open()
         data = None if body is None else json.dumps(body)
         async with self._slots:
-            return await self._request(
-                session, method, path, params=params, data=data, content_type=content_type, timeout=timeout
-            )
-
-    async def _request(
-        self,
-        session: aiohttp.ClientSession,
-        method: str,
-        path: str,
-        *,
-        params: dict[str, str] | None,
-        data: str | None,
-        content_type: str | None,
-        timeout: float,  # noqa: ASYNC109 - the request's own bound, passed to aiohttp
-    ) -> Any:
-        try:
-            async with session.request(
-                method,
-                self.base + path,
-                params=params,
-                data=data,
-                headers=self._headers(content_type if data is not None else None),
-                proxy=self.configuration.proxy or None,
-                server_hostname=getattr(self.configuration, "tls_server_name", None) or None,
-                timeout=aiohttp.ClientTimeout(total=timeout),
-            ) as resp:
-                text = await resp.text()
-                if not 200 <= resp.status < 300:
-                    raise KubeHTTPError(resp.status, _message(text, resp.reason or ""))
-                return json.loads(text) if text else None
-        except TimeoutError as exc:
-            raise KubeHTTPError(0, f"no answer in {timeout:g}s: {method} {path}") from exc
-        except aiohttp.ClientError as exc:
-            raise KubeHTTPError(0, f"{type(exc).__name__}: {exc}") from exc
+            try:
+                async with session.request(
+                    method,
+                    self.base + path,
+                    params=params,
+                    data=data,
+                    headers=self._headers(content_type if data is not None else None),
+                    timeout=aiohttp.ClientTimeout(total=timeout),
+                    **self._route(),
+                ) as resp:
+                    text = await resp.text()
+                    if not 200 <= resp.status < 300:
+                        raise KubeHTTPError(resp.status, _message(text, resp.reason or ""))
+                    return json.loads(text) if text else None
+            except TimeoutError as exc:
+                raise KubeHTTPError(0, f"no answer in {timeout:g}s: {method} {path}") from exc
+            except aiohttp.ClientError as exc:
+                raise KubeHTTPError(0, f"{type(exc).__name__}: {exc}") from exc
 
     async def stream(
         self,
@@ -151,9 +142,8 @@ class KubeHTTP:
                 self.base + path,
                 params=params,
                 headers=self._headers(None),
-                proxy=self.configuration.proxy or None,
-                server_hostname=getattr(self.configuration, "tls_server_name", None) or None,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout),
+                **self._route(),
             ) as resp:
                 if resp.status != 200:
                     raise KubeHTTPError(resp.status, _message(await resp.text(), resp.reason or ""))

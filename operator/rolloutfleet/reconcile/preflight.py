@@ -13,7 +13,6 @@ RPC, is left to the transaction itself (which verifies everything again anyway).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
@@ -22,6 +21,7 @@ from rolloutfleet.adapters import engine_wire
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.api.engine import Target
 from rolloutfleet.planning.transaction import Goal
+from rolloutfleet.reconcile import fanout
 
 log = logging.getLogger(__name__)
 # The extension's answers that say the checkpoint cannot be loaded (worker_image/README.md).
@@ -47,21 +47,19 @@ async def check(goal: Goal, pods: Sequence[str], clients: Mapping[str, EngineCli
         targets.append((Target.DRAFT, goal.draft_path))
     if not targets:
         return []
-    limit = asyncio.Semaphore(CONCURRENCY)
 
     async def one(pod: str, target: Target, path: str) -> Refusal | None:
-        async with limit:
-            try:
-                await clients[pod].preflight(target, path, deadline=deadline)
-            except engine_wire.EngineRPCError as exc:
-                if exc.code in CHECKPOINT_CODES:
-                    return Refusal(pod, target, exc.code, exc.message)
-                log.info("pod %s: pre-flight of the %s not conclusive: %s", pod, target, exc)
-            except engine_wire.EngineError as exc:  # unreachable, an older image (no such RPC), a 500
-                log.info("pod %s: no pre-flight of the %s: %s", pod, target, exc)
+        try:
+            await clients[pod].preflight(target, path, deadline=deadline)
+        except engine_wire.EngineRPCError as exc:
+            if exc.code in CHECKPOINT_CODES:
+                return Refusal(pod, target, exc.code, exc.message)
+            log.info("pod %s: pre-flight of the %s not conclusive: %s", pod, target, exc)
+        except engine_wire.EngineError as exc:  # unreachable, an older image (no such RPC), a 500
+            log.info("pod %s: no pre-flight of the %s: %s", pod, target, exc)
         return None
 
-    answers = await asyncio.gather(*(one(pod, t, path) for pod in pods for t, path in targets))
+    answers = await fanout.bounded((one(pod, t, path) for pod in pods for t, path in targets), CONCURRENCY)
     return [a for a in answers if a is not None]
 
 

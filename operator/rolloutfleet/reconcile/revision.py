@@ -25,11 +25,11 @@ from rolloutfleet.api.engine import EngineState
 from rolloutfleet.api.fleet import RolloutFleetSpec
 from rolloutfleet.api.revision import Phase, WeightRevisionStatus
 from rolloutfleet.planning import pod_readiness, revision_status, revisions
+from rolloutfleet.reconcile import fanout, gates
 from rolloutfleet.reconcile import fleet as fleet_reconcile
-from rolloutfleet.reconcile import gates
 from rolloutfleet.reconcile import status_writes as writes
 from rolloutfleet.reconcile.context import FleetMemory, OperatorContext
-from rolloutfleet.reconcile.rollout_pass import PassOutcome, PodView, RolloutPass, bounded
+from rolloutfleet.reconcile.rollout_pass import READ_CONCURRENCY, PassOutcome, PodView, RolloutPass
 from rolloutfleet.resources import labels
 
 Manifest = dict[str, Any]
@@ -191,7 +191,7 @@ async def _initial_gates(
     """
     goal = revisions.initial_goal(spec)
     unopened = [name for name in view.order if not pod_readiness.routed(view.bodies[name])]
-    states = await bounded(clients[name].observe() for name in unopened)
+    states = await fanout.bounded((clients[name].observe() for name in unopened), READ_CONCURRENCY)
 
     async def one(name: str, state: EngineState) -> bool:
         """Open or close one pod's gate; True when its engine holds weights to move back from."""

@@ -19,7 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from rolloutfleet.adapters.engine import EngineClient
@@ -30,7 +30,7 @@ from rolloutfleet.api.fleet import RolloutFleetSpec, RolloutType
 from rolloutfleet.api.revision import ParityProbe, ParityProbeResult, Phase, PodFailure, PushGroupStatus
 from rolloutfleet.planning import failures, revision_status, revisions, rollout, transaction, verification
 from rolloutfleet.planning.transaction import Decision, Goal, Step
-from rolloutfleet.reconcile import executor, gates, preflight, probe, push, staging
+from rolloutfleet.reconcile import executor, fanout, gates, preflight, probe, push, staging
 from rolloutfleet.reconcile import fleet as fleet_reconcile
 from rolloutfleet.reconcile import status_writes as writes
 from rolloutfleet.reconcile.context import FleetMemory, OperatorContext
@@ -58,17 +58,6 @@ FAULT_REASONS = {
     EngineFault.EXTENSION: "EngineExtensionError",
     EngineFault.INCONSISTENT: "EngineRanksDisagree",
 }
-
-
-async def bounded(reads: Iterable[Awaitable[engine.EngineState]]) -> list[engine.EngineState]:
-    """The engine reads, at most ``READ_CONCURRENCY`` in flight, in order."""
-    slots = asyncio.Semaphore(READ_CONCURRENCY)
-
-    async def one(read: Awaitable[engine.EngineState]) -> engine.EngineState:
-        async with slots:
-            return await read
-
-    return list(await asyncio.gather(*(one(r) for r in reads)))
 
 
 @dataclasses.dataclass
@@ -400,7 +389,8 @@ class RolloutPass:
         after the first read only pods that failed, or that are about to resume or be called done, are read.
         """
         read = [p for p in self.order if p in self.stale and p not in self.inflight]
-        for pod, state in zip(read, await bounded(self.clients[p].observe() for p in read), strict=True):
+        states = await fanout.bounded((self.clients[p].observe() for p in read), READ_CONCURRENCY)
+        for pod, state in zip(read, states, strict=True):
             self.states[pod] = state
             if pod not in self.inflight:  # read after its open returned: what the engine holds is known
                 self._confirm(pod)
@@ -822,8 +812,8 @@ class RolloutPass:
         """Show the engines' progress in the fleet's status.pods while the pass runs.
 
         At most one write per ``FLEET_STATUS_INTERVAL`` (longer for a large fleet: ``FLEET_STATUS_PODS_PER_SECOND``),
-        and a change inside the interval is deferred, not
-        dropped: a step that then runs for long (a slow load) must not leave the status behind meanwhile.
+        and a change inside the interval is deferred, not dropped: a step that then runs for long (a slow
+        load) must not leave the status behind meanwhile.
         """
         if self.fleet_writer is None or self.fleet_writer.done():
             self.fleet_writer = asyncio.create_task(self._fleet_status_soon())

@@ -154,6 +154,11 @@ class SimulatedEngine:
         return f"http://{self.ip}:{self.port}"
 
     @property
+    def versioned(self) -> bool:
+        """Whether this release has the weight-version routes (0.26 has none: 404, measured on the H200)."""
+        return self.spec.vllm_version != "0.26"
+
+    @property
     def running(self) -> bool:
         return self._runner is not None
 
@@ -257,7 +262,7 @@ class SimulatedEngine:
         r.add_post("/wake_up", self._wake_up)
         r.add_get("/is_sleeping", self._is_sleeping)
         r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
-        if self.spec.vllm_version != "0.26":  # 0.26 has no weight-version routes: 404 (measured on the H200)
+        if self.versioned:
             r.add_post("/update_weight_version", self._update_weight_version)
             r.add_get("/weight_info", self._weight_info)
         r.add_post("/collective_rpc", self._collective_rpc)
@@ -373,7 +378,7 @@ class SimulatedEngine:
             answers = await asyncio.gather(
                 self._is_paused(request),
                 self._is_sleeping(request),
-                self._weight_info(request) if self.spec.vllm_version != "0.26" else _not_found(),
+                self._weight_info(request) if self.versioned else _not_found(),
                 self._rpc_call({"method": "rolloutfleet_state", "args": [], "kwargs": {}}),
             )
             keys = ("is_paused", "is_sleeping", "weight_info", "state")

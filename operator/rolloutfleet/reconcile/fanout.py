@@ -1,0 +1,26 @@
+"""``bounded``: many engine calls at once, at most ``limit`` in flight.
+
+Called by ``reconcile.rollout_pass`` and ``reconcile.revision`` (a pass's engine reads) and by
+``reconcile.preflight``. Each call takes milliseconds, but sent all together to thousands of engines they
+queue behind each other (4,096 reads timed out inside one simulator process: bench/results/
+rollout_overhead.md), and every one of them holds a connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Iterable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def bounded(calls: Iterable[Awaitable[T]], limit: int) -> list[T]:
+    """The calls' results, in order, with at most ``limit`` running at once."""
+    slots = asyncio.Semaphore(limit)
+
+    async def one(call: Awaitable[T]) -> T:
+        async with slots:
+            return await call
+
+    return list(await asyncio.gather(*(one(c) for c in calls)))
