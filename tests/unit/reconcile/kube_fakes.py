@@ -28,6 +28,24 @@ from typing import Any
 
 from rolloutfleet.adapters.kube import KubeError
 
+# Discovery of core/v1 pods for the fake API servers on loopback (test_executor_kube, test_kube_watch). One
+# list for all of them: the dynamic client caches discovery in a file named after host:port, so a server that
+# served fewer resources on a port reused later would leave, e.g., no pods/status for the next one.
+POD_RESOURCES = {
+    "kind": "APIResourceList",
+    "groupVersion": "v1",
+    "resources": [
+        {
+            "name": "pods",
+            "singularName": "pod",
+            "namespaced": True,
+            "kind": "Pod",
+            "verbs": ["get", "list", "watch", "patch"],
+        },
+        {"name": "pods/status", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get", "patch"]},
+    ],
+}
+
 Manifest = dict[str, Any]
 Key = tuple[str, str, str, str]  # (apiVersion, kind, namespace, name)
 Manifests = list[Manifest]  # named here: inside FakeKube, ``list`` is the method

@@ -13,18 +13,10 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from kube_fakes import POD_RESOURCES
 from kubernetes import client as k8s_client
 
 from rolloutfleet.adapters.kube import Kube, KubeError
-
-POD_RESOURCES = {
-    "kind": "APIResourceList",
-    "groupVersion": "v1",
-    "resources": [
-        {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod", "verbs": ["get", "list", "patch"]},
-        {"name": "pods/status", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get", "patch"]},
-    ],
-}
 
 
 class FakeAPIServer:

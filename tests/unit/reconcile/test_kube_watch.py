@@ -16,17 +16,11 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from kube_fakes import POD_RESOURCES
 from kubernetes import client as k8s_client
 
 from rolloutfleet.adapters.kube import Kube
 
-POD_RESOURCES = {
-    "kind": "APIResourceList",
-    "groupVersion": "v1",
-    "resources": [
-        {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod", "verbs": ["list", "watch"]},
-    ],
-}
 SELECTOR = "rolloutfleet.io/fleet=policy"
 
 
