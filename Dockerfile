@@ -4,7 +4,9 @@
 #   docker build -t REGISTRY/rolloutfleet-operator:0.1.0 .
 #
 # The project is installed WITHOUT its `worker` (torch, vLLM-side) and `dev` extras: the operator never
-# imports torch or vLLM. Versions are pinned by constraints.txt, the same pins CI tests.
+# imports torch or vLLM. Two distributions go in: the operator (pyproject.toml, operator/) and the digest
+# definition it shares with the engines (digest/); the worker package (worker_image/) is its own
+# distribution and is not even copied in. Versions are pinned by constraints.txt, the same pins CI tests.
 #
 # Runs with a read-only root filesystem: nothing is written outside /tmp (the chart mounts an emptyDir
 # there). PYTHONDONTWRITEBYTECODE stops Python trying to write .pyc files next to the sources; the
@@ -15,19 +17,21 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml constraints.txt README.md ./
 COPY operator ./operator
-COPY worker_image ./worker_image
+COPY digest ./digest
 # The test rig (rolloutfleet.sim, rolloutfleet.sandbox) is not part of the product: it is deleted before the
 # wheel is built, so the image never holds it. Nothing left imports it (the "test tooling" import contract
 # in pyproject.toml; tests/unit/test_import_contracts.py checks this line names what that contract names).
-# The checks: every shipped module imports, the rig and torch do not, and `rolloutfleet run` parses.
+# The checks: every shipped module imports, the rig, the worker package and torch do not, and
+# `rolloutfleet run` parses (tests/images/ repeats them on the built image).
 RUN rm -rf operator/rolloutfleet/sim operator/rolloutfleet/sandbox
 RUN python -m venv /opt/rolloutfleet \
-    && /opt/rolloutfleet/bin/pip install --no-cache-dir -c constraints.txt . \
+    && /opt/rolloutfleet/bin/pip install --no-cache-dir -c constraints.txt ./digest . \
     && /opt/rolloutfleet/bin/python -m compileall -q /opt/rolloutfleet/lib \
     && /opt/rolloutfleet/bin/python -c "import importlib as i, pkgutil as p, rolloutfleet as r; \
         [i.import_module(m.name) for m in p.walk_packages(r.__path__, 'rolloutfleet.')]" \
     && ! /opt/rolloutfleet/bin/python -c "import rolloutfleet.sim" 2>/dev/null \
     && ! /opt/rolloutfleet/bin/python -c "import rolloutfleet.sandbox" 2>/dev/null \
+    && ! /opt/rolloutfleet/bin/python -c "import rolloutfleet_worker" 2>/dev/null \
     && ! /opt/rolloutfleet/bin/python -c "import torch" 2>/dev/null \
     && /opt/rolloutfleet/bin/rolloutfleet run --help >/dev/null
 

@@ -5,28 +5,30 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt 2>/dev/null | cksum | cut -d' ' -f1)
+# Three distributions (pyproject.toml: the operator; worker_image/: the worker; digest/: shared by both).
+PROJECTS := pyproject.toml worker_image/pyproject.toml digest/pyproject.toml constraints.txt
+STAMP := $(VENV)/.installed-$(shell cat $(PROJECTS) 2>/dev/null | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
 .PHONY: install binaries lint test test-unit test-integration demo crds clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): $(PROJECTS)
 	@echo "==> installing rolloutfleet and its dev/worker extras into $(VENV) (first time: a few minutes)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PIP) install -q --upgrade pip
-	@$(PIP) install -q -c constraints.txt -e '.[dev,worker]'
+	@$(PIP) install -q -c constraints.txt -e ./digest -e ./worker_image -e '.[dev,worker]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
 
 # The demo serves simulated engines: the package alone, no worker extra (torch with its CUDA wheels is
 # gigabytes), unless the full install is already there. tests/integration/test_demo.py runs it without torch.
-DEMO_STAMP := $(VENV)/.installed-demo-$(shell cat pyproject.toml constraints.txt 2>/dev/null | cksum | cut -d' ' -f1)
-$(DEMO_STAMP): pyproject.toml constraints.txt
+DEMO_STAMP := $(VENV)/.installed-demo-$(shell cat $(PROJECTS) 2>/dev/null | cksum | cut -d' ' -f1)
+$(DEMO_STAMP): $(PROJECTS)
 	@echo "==> installing rolloutfleet (no extras: the demo needs no torch) into $(VENV)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PIP) install -q --upgrade pip
-	@$(PIP) install -q -c constraints.txt -e .
+	@$(PIP) install -q -c constraints.txt -e ./digest -e .
 	@touch $@
 
 # The local control plane (kube-apiserver, controller-manager, scheduler, etcd, kwok, kubectl, helm),

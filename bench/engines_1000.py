@@ -28,7 +28,7 @@ import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "operator"), str(REPO / "worker_image")]
+sys.path[:0] = [str(REPO / "operator"), str(REPO / "worker_image"), str(REPO / "digest")]
 
 import aiohttp  # noqa: E402
 
@@ -123,7 +123,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             "--token-file",
             f.name,
         ]
-        env = {**os.environ, "PYTHONPATH": f"{REPO / 'operator'}:{REPO / 'worker_image'}"}
+        env = {**os.environ, "PYTHONPATH": f"{REPO / 'operator'}:{REPO / 'worker_image'}:{REPO / 'digest'}"}
         t0 = time.perf_counter()
         # Blocking start-up on purpose: nothing else runs yet, and it is outside the measured part.
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)  # noqa: ASYNC220

@@ -49,7 +49,7 @@ from rolloutfleet.planning import transaction  # noqa: E402
 from rolloutfleet.reconcile import executor  # noqa: E402
 from rolloutfleet.trainer.digest import digest_tensors  # noqa: E402
 from rolloutfleet.trainer.senders import IpcSender  # noqa: E402
-from rolloutfleet_worker.digest import digest_directory  # noqa: E402
+from rolloutfleet_digest import digest_directory  # noqa: E402
 
 KINDS = ("path", "push", "path_planner", "push", "push_inplace")  # odd length: every kind meets A and B
 RECEIVED = re.compile(

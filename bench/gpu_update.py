@@ -48,6 +48,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [
     str(REPO / "operator"),
     str(REPO / "worker_image"),
+    str(REPO / "digest"),
     str(REPO / "tests" / "gpu"),
     str(REPO / "bench"),
 ]
@@ -57,7 +58,7 @@ import loader_stages  # noqa: E402
 import staged_update  # noqa: E402
 
 from rolloutfleet.adapters.engine import EngineClient, EnginePool, EngineTimeouts  # noqa: E402
-from rolloutfleet_worker.digest import digest_directory, scan_directory  # noqa: E402
+from rolloutfleet_digest import digest_directory, scan_directory  # noqa: E402
 
 GB = 1e9
 

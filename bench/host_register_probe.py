@@ -23,7 +23,7 @@ import warnings
 from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "worker_image"), str(REPO / "bench")]
+sys.path[:0] = [str(REPO / "worker_image"), str(REPO / "digest"), str(REPO / "bench")]
 
 GB = 1e9
 REGISTER_READ_ONLY = 8  # cudaHostRegisterReadOnly
@@ -145,7 +145,8 @@ def main() -> int:
     import loader_stages
     from safetensors.torch import save_file
 
-    from rolloutfleet_worker import digest, loader
+    import rolloutfleet_digest as digest
+    from rolloutfleet_worker import loader
 
     ckpt = work / "ckpt"
     ckpt.mkdir(exist_ok=True)

@@ -51,7 +51,8 @@ def _read_only(path: str, threads: int, repeats: int, chunk: int = 16 * MiB, dma
 
     import torch
 
-    from rolloutfleet_worker import digest, loader_base
+    import rolloutfleet_digest as digest
+    from rolloutfleet_worker import loader_base
 
     infos = digest.scan_directory(path)
     total = sum(t.nbytes for t in infos)
@@ -174,7 +175,8 @@ def _lock_while_copying(path: str) -> dict[str, Any]:
 
     import torch
 
-    from rolloutfleet_worker import digest, loader_base, loader_cuda
+    import rolloutfleet_digest as digest
+    from rolloutfleet_worker import loader_base, loader_cuda
 
     pinner = loader_cuda.cuda_pinner()
     if pinner is None:
@@ -240,7 +242,8 @@ class _StandIn:
     def __init__(self, path: str) -> None:
         import torch
 
-        from rolloutfleet_worker import digest, loader
+        import rolloutfleet_digest as digest
+        from rolloutfleet_worker import loader
 
         self.params = {
             t.name: torch.empty(t.shape, dtype=loader.torch_dtype(t.dtype, t.file), device="cuda")
@@ -286,7 +289,8 @@ def measure(path: str, expected_digest: str, repeats: int = 4) -> dict[str, Any]
 
     import torch
 
-    from rolloutfleet_worker import digest, extension, loader_cuda
+    import rolloutfleet_digest as digest
+    from rolloutfleet_worker import extension, loader_cuda
 
     nbytes = sum(t.nbytes for t in digest.scan_directory(path))
     worker = extension.load_options(pin=True)  # exactly what a single-GPU worker uses by default
@@ -468,11 +472,12 @@ def main() -> int:
     import pathlib
     import sys
 
-    sys.path[:0] = [str(pathlib.Path(__file__).resolve().parent.parent / "worker_image")]
+    root = pathlib.Path(__file__).resolve().parent.parent
+    sys.path[:0] = [str(root / "worker_image"), str(root / "digest")]
     import torch
     from safetensors.torch import save_file
 
-    from rolloutfleet_worker import digest
+    import rolloutfleet_digest as digest
 
     parser = argparse.ArgumentParser(description="the loader alone, stage by stage, on the GPU")
     parser.add_argument("--out", type=pathlib.Path, required=True)

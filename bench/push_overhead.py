@@ -1064,7 +1064,7 @@ def _source() -> dict[str, str]:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True).stdout.strip()
 
-    changed = git("status", "--porcelain", "--", "operator", "worker_image")
+    changed = git("status", "--porcelain", "--", "operator", "worker_image", "digest")
     return {
         "commit": git("rev-parse", "--short", "HEAD"),
         "tree": "with uncommitted changes under operator/ or worker_image/"

@@ -312,7 +312,8 @@ def _stand_in(path: str) -> Any:
     place (what vLLM's default weight loader does for an unsharded tensor) and returns their names."""
     import torch
 
-    from rolloutfleet_worker import digest, loader
+    import rolloutfleet_digest as digest
+    from rolloutfleet_worker import loader
 
     class StandIn(torch.nn.Module):
         def __init__(self) -> None:
@@ -789,7 +790,7 @@ def _ceiling(path: str, repeats: int = 5) -> dict[str, Any]:
     ceiling bench/gpu_update.py reports as ``pinned_per_tensor_GBps``)."""
     import torch
 
-    from rolloutfleet_worker import digest
+    import rolloutfleet_digest as digest
 
     infos = digest.scan_directory(path)
     total = sum(t.nbytes for t in infos)
@@ -822,7 +823,7 @@ def main() -> int:
     sys.path[:0] = [str(pathlib.Path(__file__).resolve().parent.parent / "worker_image")]
     import torch
 
-    from rolloutfleet_worker import digest
+    import rolloutfleet_digest as digest
 
     parser = argparse.ArgumentParser(description="staging and the commit in-process on the GPU, no vLLM")
     parser.add_argument("--out", type=pathlib.Path, required=True)

@@ -2,7 +2,7 @@
 
 Called by ``rolloutfleet.cli`` (dispatch) for trainers, CI and publishers that need the value an engine
 will report after loading the same directory, on any machine and without a GPU. The definition lives in
-``rolloutfleet_worker.digest`` (pure Python + blake3; the one worker module the operator may import); this
+``rolloutfleet_digest`` (pure Python + blake3; its own distribution, digest/, shipped by both images); this
 module only parses arguments, shows progress on a terminal and formats the result.
 """
 
@@ -14,7 +14,7 @@ import sys
 import time
 from typing import TextIO
 
-from rolloutfleet_worker import digest as wdigest
+import rolloutfleet_digest as wdigest
 
 # The one definition of the digest, re-exported for the operator side (publish, simulator, tests).
 digest_directory = wdigest.digest_directory

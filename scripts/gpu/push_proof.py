@@ -43,7 +43,7 @@ status 0 when every check passed; each check is listed in the JSON with what was
 
 # A device-only test rig, like bench/ and tests/ (their lint exemptions are in pyproject.toml): fixed
 # paths under /tmp for the carry, a throwaway token, loopback HTTP, a re-exec, blocking file I/O in main.
-# ruff: noqa: S105, S108, S310, S606, ASYNC240
+# ruff: noqa: S105, S108, S606, ASYNC240
 
 from __future__ import annotations
 
@@ -62,8 +62,6 @@ import sys
 import tempfile
 import time
 import traceback
-import urllib.error
-import urllib.request
 from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -120,57 +118,31 @@ def bootstrap() -> None:
 
 
 def start_server(root: pathlib.Path, log: pathlib.Path, verifier: str, draft: str) -> Any:
-    """``vllm serve`` as the GPU tier starts it, plus the IPC weight-transfer backend; waits for /health."""
+    """``vllm serve`` from the command line the operator renders for a fleet with the IPC weight-transfer
+    backend (``weightTransfer: {backend: ipc}``: the flag and VLLM_ALLOW_INSECURE_SERIALIZATION come from
+    the rendering, as in a pod); waits for /health."""
     import gpu_support
 
     root.mkdir(parents=True, exist_ok=True)
-    token_file = root / "control-token"
-    token_file.write_text(TOKEN + "\n")
-    extra_paths = [str(REPO / "operator"), str(REPO / "worker_image")]
+    first: list[str] = []
     if importlib.util.find_spec("ray") is None:
         # vLLM 0.26's ipc_engine imports ray at module level; only its ray sender uses it (shared/gpu).
         stub = root / "stubs"
         stub.mkdir(exist_ok=True)
         (stub / "ray.py").write_text("")
-        extra_paths.insert(0, str(stub))
-    port = gpu_support.free_port()
-    cmd = gpu_support.serve_command(
+        first.append(str(stub))
+    server = gpu_support.start_server(
         verifier,
         draft,
-        port,
+        root,
+        log,
         gpu_memory_utilization=0.25,
-        extra=["--weight-transfer-config", json.dumps({"backend": "ipc"})],
+        token=TOKEN,
+        transfer_backend="ipc",
+        python_path=first,
     )
-    env = {
-        **os.environ,
-        "PYTHONPATH": ":".join([*extra_paths, *os.environ.get("PYTHONPATH", "").split(":")]).rstrip(":"),
-        "VLLM_SERVER_DEV_MODE": "1",
-        "VLLM_USE_FLASHINFER_SAMPLER": "0",
-        "VLLM_NO_USAGE_STATS": "1",
-        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
-        "HF_HUB_OFFLINE": "1",
-        "ROLLOUTFLEET_CONTROL_TOKEN_FILE": str(token_file),
-        "PYTHONUNBUFFERED": "1",
-    }
-    out = log.open("ab")
-    out.write(("$ " + " ".join(cmd) + "\n").encode())
-    out.flush()
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(root))
-    server = gpu_support.Server(url=f"http://127.0.0.1:{port}", token=TOKEN, proc=proc, log=log, started_s=0.0)
-    while time.monotonic() < started + 420:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {proc.returncode} during start-up:\n{gpu_support.tail(log)}")
-        try:
-            with urllib.request.urlopen(server.url + "/health", timeout=2) as resp:
-                if resp.status == 200:
-                    server.started_s = round(time.monotonic() - started, 1)
-                    return server
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(1.0)
-    server.stop()
-    raise RuntimeError(f"vLLM did not answer /health in 420 s:\n{gpu_support.tail(log)}")
+    server.started_s = round(server.started_s, 1)
+    return server
 
 
 # -- the trainer ---------------------------------------------------------------------------------------
@@ -581,7 +553,7 @@ async def main(args: argparse.Namespace) -> int:
     import vllm
 
     from rolloutfleet.adapters.engine import EnginePool, ResetPolicy, RetryPolicy
-    from rolloutfleet_worker.digest import digest_directory
+    from rolloutfleet_digest import digest_directory
 
     out_dir = pathlib.Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,11 @@ prepare() {
   # pytest-asyncio is not on the device image; pytest itself only if the image's is older than 8.4.
   python3 -m pip download -q --no-deps --only-binary=:all: -d .whl \
     pytest-asyncio==1.5.0 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1
+  # The worker and digest wheels, built exactly as for worker_image/Dockerfile: the device installs these,
+  # not the source tree, so the GPU proof covers what the image ships. Rebuilt every time (seconds) so
+  # they always match the tree; run `prepare` again after changing worker_image/ or digest/.
+  rm -f .whl/rolloutfleet_*.whl
+  python3 -m pip wheel -q --no-deps -w .whl ./digest ./worker_image
   ls -l .device-carry/1 .device-carry/2 .whl
 }
 
@@ -62,6 +67,10 @@ unpack() {
     xz -dc /tmp/vc/vllm026-site.tar.xz | tar -x -C /tmp/site
   fi
   mkdir -p /tmp/site-extra
+  # The worker package as the image installs it (pip --no-deps from its wheels), fresh on every call.
+  rm -rf /tmp/site-worker
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-worker \
+    .whl/rolloutfleet_digest-*.whl .whl/rolloutfleet_worker-*.whl
   if ! python3 -c 'import pytest_asyncio' 2>/dev/null && [ ! -d /tmp/site-extra/pytest_asyncio ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-extra .whl/pytest_asyncio-*.whl
     if python3 -c 'import pytest,sys; sys.exit(tuple(map(int, pytest.__version__.split(".")[:2])) >= (8, 4))'; then
@@ -72,7 +81,10 @@ unpack() {
 }
 
 environment() {
-  export PYTHONPATH=/tmp/site-extra:/tmp/site:$repo/operator:$repo/worker_image
+  # The operator's source (the tests drive its planner and executor) but not worker_image/ or digest/:
+  # the engines and the tests import those from the installed wheels (tests/gpu/gpu_support.py strips the
+  # operator's tree from the engines' PYTHONPATH and records where each server imported the worker from).
+  export PYTHONPATH=/tmp/site-extra:/tmp/site-worker:/tmp/site:$repo/operator
   export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_SERVER_DEV_MODE=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
   export PYTHONUNBUFFERED=1
 }

@@ -100,7 +100,7 @@ def write_checkpoint(directory: pathlib.Path, seed: int, *, layers: int = 2, hid
 
 def header_totals(path: str) -> tuple[int, int]:
     """(tensors, bytes) of a checkpoint directory from its headers: what a pre-flight or a stage must report."""
-    from rolloutfleet_worker.digest import scan_directory
+    from rolloutfleet_digest import scan_directory
 
     infos = scan_directory(path)
     return len(infos), sum(i.nbytes for i in infos)

@@ -28,7 +28,7 @@ from contract_support import (
 
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.adapters.engine_wire import EngineRPCError
-from rolloutfleet_worker.digest import digest_directory
+from rolloutfleet_digest import digest_directory
 
 pytestmark = pytest.mark.contract
 

@@ -25,7 +25,7 @@ from contract_support import Target, complete, header_totals, write_checkpoint
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.adapters.engine_wire import EngineRPCError
 from rolloutfleet.api.engine import StagePhase, StageState
-from rolloutfleet_worker.digest import digest_directory
+from rolloutfleet_digest import digest_directory
 
 pytestmark = pytest.mark.contract
 

@@ -20,7 +20,7 @@ import gpu_support
 import pytest
 
 from rolloutfleet.adapters.engine import EngineClient, EnginePool, ResetPolicy, RetryPolicy
-from rolloutfleet_worker.digest import digest_directory
+from rolloutfleet_digest import digest_directory
 
 
 def _gpu_missing() -> str | None:

@@ -1,9 +1,10 @@
 """Helpers of the GPU tier: tiny checkpoints made on the fly, a real vLLM server, requests and metrics.
 
 Used by ``tests/gpu`` (fixtures in conftest.py) and by ``bench/gpu_update.py``. Owns how a random-init
-Llama is written as a revision directory (safetensors + config.json, no hub, no tokenizer), the exact
-``vllm serve`` command line of DESIGN.md §4 (our extension and auth middleware, sleep mode, RL parity
-flags, a ``draft_model`` speculator), and the token-id requests the tests send. torch, vLLM and
+Llama is written as a revision directory (safetensors + config.json, no hub, no tokenizer), the
+``vllm serve`` command line and environment the operator renders for a RolloutFleet (``resources``; our
+extension and auth middleware, sleep mode, RL parity flags, a ``draft_model`` speculator), rewritten only
+for loopback and local files, and the token-id requests the tests send. torch, vLLM and
 transformers are imported inside functions so that collecting this module never needs them (CI has no GPU).
 """
 
@@ -18,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -273,63 +275,91 @@ class Server:
                 self.proc.wait(timeout=10)
 
 
-def serve_command(
-    verifier: str,
-    draft: str,
-    port: int,
-    *,
-    gpu_memory_utilization: float,
-    max_model_len: int = 2048,
-    num_speculative_tokens: int = 3,
-    head_dtype: str | None = "float32",
-    spec_method: str = "draft_model",
-    extra: list[str] | None = None,
-) -> list[str]:
-    """The command line of DESIGN.md §4 on loopback (no tokenizer: token-id prompts only).
-
-    ``head_dtype=None`` drops the fp32 LM head override (the parity test measures both);
-    ``spec_method="eagle3"`` serves ``draft`` as an EAGLE-3 head.
-    """
-    spec = {"method": spec_method, "model": draft, "num_speculative_tokens": num_speculative_tokens}
-    head = ["--hf-overrides", json.dumps({"head_dtype": head_dtype})] if head_dtype else []
+# What a user puts in a fleet's extraArgs to run the suite's tiny models on a shared GPU: token-id prompts
+# (no tokenizer files), a fixed seed, eager mode (CUDA graphs would add minutes of capture per server),
+# and a small share of the GPU's memory.
+def _suite_extra_args(gpu_memory_utilization: float, max_model_len: int) -> list[str]:
     return [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.cli.main",
-        "serve",
-        verifier,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--served-model-name",
-        "rolloutfleet-gpu",
         "--skip-tokenizer-init",
         "--dtype",
         "bfloat16",
         "--seed",
         "0",
-        "--worker-extension-cls",
-        "rolloutfleet_worker.extension.RolloutFleetExtension",
-        "--middleware",
-        "rolloutfleet_worker.auth.ControlAuthMiddleware",
-        "--enable-sleep-mode",
         "--enforce-eager",
-        "--logprobs-mode",
-        "processed_logprobs",
-        "--no-enable-prefix-caching",
-        "--no-async-scheduling",
-        *head,
-        "--speculative-config",
-        json.dumps(spec),
         "--gpu-memory-utilization",
         str(gpu_memory_utilization),
         "--max-model-len",
         str(max_model_len),
         "--max-num-seqs",
         "16",
-        *(extra or []),
     ]
+
+
+def fleet_spec(
+    verifier: str,
+    draft: str,
+    *,
+    gpu_memory_utilization: float,
+    max_model_len: int = 2048,
+    num_speculative_tokens: int = 3,
+    head_dtype: str | None = "float32",
+    spec_method: str = "draft_model",
+    transfer_backend: str | None = None,
+) -> Any:
+    """The RolloutFleet spec whose engines the suite runs, validated by the operator's own model.
+
+    ``head_dtype=None`` turns the parity profile's fp32 LM head off (the parity test measures both);
+    ``spec_method="eagle3"`` serves ``draft`` as an EAGLE-3 head; ``transfer_backend="ipc"`` starts the
+    engines ready for pushed revisions. The weights volume is the directory holding the checkpoints and the
+    tests' temporary copies, so the engine's own allowed-roots check (``ROLLOUTFLEET_WEIGHT_ROOTS``) is the
+    one a pod gets.
+    """
+    from rolloutfleet.api.fleet import RolloutFleetSpec
+
+    root = os.path.commonpath([verifier, draft, tempfile.gettempdir()])
+    body: dict[str, Any] = {
+        "replicas": 1,
+        "image": "rolloutfleet-worker:gpu-suite",
+        "verifier": {"path": verifier, "servedModelName": "rolloutfleet-gpu"},
+        "draft": {
+            "method": spec_method,
+            "path": draft,
+            "numSpeculativeTokens": num_speculative_tokens,
+            "policy": "coUpdate",
+        },
+        "weights": {"claimName": "gpu-suite", "mountPath": root, "allowedRoots": [root]},
+        "updateStrategy": {"mode": "sleep"},
+        "parity": {"enabled": True, "fp32LmHead": head_dtype == "float32"},
+        "extraArgs": _suite_extra_args(gpu_memory_utilization, max_model_len),
+    }
+    if head_dtype not in ("float32", None):
+        raise ValueError(f"head_dtype {head_dtype!r}: the parity profile knows float32 or the model's own")
+    if transfer_backend is not None:
+        body["weightTransfer"] = {"backend": transfer_backend}
+    return RolloutFleetSpec.model_validate(body)
+
+
+def serve_command(spec: Any, port: int, token_file: pathlib.Path) -> tuple[list[str], dict[str, str]]:
+    """The engine container's command line and environment as the operator renders them for ``spec``.
+
+    Taken from the StatefulSet the operator would apply (``resources.children``), then rewritten only for
+    this machine: ``vllm serve`` runs as this interpreter's module, the port is a free loopback one (plus
+    ``--host 127.0.0.1``: a pod listens on its own address), and the control token is a local file instead
+    of the mounted Secret. Every other flag and variable is exactly what a pod gets.
+    """
+    from rolloutfleet.resources import children, command
+
+    owner = children.Owner(name="gpu-suite", namespace="default", uid="00000000-0000-0000-0000-000000000000")
+    container = children.build_statefulset(owner, spec)["spec"]["template"]["spec"]["containers"][0]
+    if container["command"] != ["vllm", "serve"]:
+        raise AssertionError(f"the operator renders {container['command']!r}; the suite expects vllm serve")
+    args = list(container["args"])
+    at = args.index("--port")
+    args[at + 1] = str(port)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *args, "--host", "127.0.0.1"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    env[command.ENV_TOKEN_FILE] = str(token_file)
+    return cmd, env
 
 
 def start_server(
@@ -344,35 +374,44 @@ def start_server(
     startup_timeout: float = 420.0,
     head_dtype: str | None = "float32",
     spec_method: str = "draft_model",
+    transfer_backend: str | None = None,
+    python_path: list[str] | None = None,
 ) -> Server:
-    """Start vLLM and wait for ``/health``; raise with the log's tail if it dies or never answers."""
+    """Start vLLM from the operator-rendered command line and wait for ``/health``.
+
+    Raises with the log's tail if it dies or never answers. The server imports the worker package from the
+    same place this process does minus the repository's source trees: on the device that is the wheel the
+    worker Dockerfile installs (scripts/gpu/run-device-suite.sh), and the log records where it came from.
+    ``python_path`` puts directories first (e.g. the ray stand-in of the IPC backend).
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     token_file = workdir / "control-token"
     token_file.write_text(token + "\n")
     port = free_port()
-    paths = [str(REPO / "operator"), str(REPO / "worker_image"), *os.environ.get("PYTHONPATH", "").split(":")]
-    env = {
-        **os.environ,
-        "PYTHONPATH": ":".join(p for p in paths if p),
-        "VLLM_SERVER_DEV_MODE": "1",
-        "VLLM_USE_FLASHINFER_SAMPLER": "0",
-        "VLLM_NO_USAGE_STATS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "ROLLOUTFLEET_CONTROL_TOKEN_FILE": str(token_file),
-        "PYTHONUNBUFFERED": "1",
-    }
-    cmd = serve_command(
+    spec = fleet_spec(
         verifier,
         draft,
-        port,
         gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=max_model_len,
         head_dtype=head_dtype,
         spec_method=spec_method,
+        transfer_backend=transfer_backend,
     )
+    cmd, rendered_env = serve_command(spec, port, token_file)
+    env = {
+        **os.environ,
+        **rendered_env,
+        "PYTHONPATH": engine_python_path(python_path),
+        "VLLM_USE_FLASHINFER_SAMPLER": "0",
+        "VLLM_NO_USAGE_STATS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
     log.parent.mkdir(parents=True, exist_ok=True)
     out = log.open("ab")
     out.write(("$ " + " ".join(cmd) + "\n").encode())
+    out.write(("# rendered env: " + json.dumps(rendered_env, sort_keys=True) + "\n").encode())
+    out.write(("# rolloutfleet_worker from: " + worker_origin(env) + "\n").encode())
     out.flush()
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(workdir))
@@ -392,6 +431,22 @@ def start_server(
         time.sleep(1.0)
     server.stop()
     raise RuntimeError(f"vLLM did not answer /health within {startup_timeout:.0f}s:\n{tail(log)}")
+
+
+def engine_python_path(first: list[str] | None = None) -> str:
+    """This process's PYTHONPATH without the repository's source trees (an engine image has none of them)."""
+    sources = {str(REPO / d) for d in ("operator", "worker_image", "digest")}
+    paths = [*(first or []), *os.environ.get("PYTHONPATH", "").split(":")]
+    return ":".join(p for p in paths if p and p.rstrip("/") not in sources)
+
+
+def worker_origin(env: dict[str, str]) -> str:
+    """Where a process with ``env`` imports ``rolloutfleet_worker`` from (recorded in each server log)."""
+    probe = "import rolloutfleet_worker as w, rolloutfleet_digest as d; print(w.__file__, d.__file__)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60, check=False, cwd="/"
+    )
+    return (out.stdout or out.stderr).strip()
 
 
 def tail(path: pathlib.Path, lines: int = 60) -> str:

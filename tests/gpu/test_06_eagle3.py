@@ -21,7 +21,7 @@ from transaction_driver import converge
 
 from rolloutfleet.adapters.engine import EngineClient, EnginePool, ResetPolicy, RetryPolicy
 from rolloutfleet.planning import transaction
-from rolloutfleet_worker.digest import digest_directory
+from rolloutfleet_digest import digest_directory
 
 pytestmark = pytest.mark.gpu
 

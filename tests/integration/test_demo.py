@@ -28,7 +28,7 @@ NAME = "pytest-demo"
 
 
 def _env() -> dict[str, str]:
-    path = os.pathsep.join([str(NO_TORCH), str(REPO / "operator"), str(REPO / "worker_image")])
+    path = os.pathsep.join([str(NO_TORCH), str(REPO / "operator"), str(REPO / "worker_image"), str(REPO / "digest")])
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     return {**env, "PYTHONPATH": path}
 

@@ -1,14 +1,14 @@
 """The import contracts in pyproject.toml can fail, and the test rig stays out of the product.
 
-A contract that cannot fail is decoration (STYLE.md). Each case copies ``operator/`` and ``worker_image/``
-into a temporary directory, plants one forbidden import, runs ``lint-imports`` there with the project's
+A contract that cannot fail is decoration (STYLE.md). Each case copies ``operator/``, ``worker_image/`` and
+``digest/`` into a temporary directory, plants one forbidden import, runs ``lint-imports`` there with the project's
 own ``pyproject.toml``, and asserts that exactly the contracts meant to catch that import break; the
 unplanted copy must keep every contract. Together the plants must break every contract in the file, so
 adding a contract without a plant that breaks it fails here too.
 
-The operator image (``Dockerfile``) does not ship ``rolloutfleet.sim`` or ``rolloutfleet.sandbox``; the
-last tests check that every remaining module imports without them, and that the Dockerfile strips what
-the test-tooling contract calls test tooling.
+The operator image (``Dockerfile``) does not ship ``rolloutfleet.sim``, ``rolloutfleet.sandbox`` or the worker
+package; the last tests check that every remaining module imports without them, and that the Dockerfile
+strips what the test-tooling contract calls test tooling.
 """
 
 from __future__ import annotations
@@ -51,9 +51,10 @@ OPERATOR_TO_TRAINER = _contract("operator runtime never imports")
 PURE = _contract("pure layers do no I/O")
 NO_TORCH = _contract("never imports torch")
 WORKER = _contract("worker package never imports")
+DIGEST = _contract("digest definition imports neither")
 
 # id: (module file, line appended to it, contracts that must break: no more, no fewer). The file is under
-# operator/ for `rolloutfleet`, under worker_image/ for `rolloutfleet_worker`.
+# operator/ for `rolloutfleet`, under worker_image/ for `rolloutfleet_worker`, under digest/ for the digest.
 PLANTS: dict[str, tuple[str, str, set[str]]] = {
     # The review's example: the simulator reached from the reconcile core.
     "sim-in-reconcile": ("rolloutfleet/reconcile/revision.py", "from rolloutfleet import sim", {LAYERS, TOOLING}),
@@ -109,12 +110,25 @@ PLANTS: dict[str, tuple[str, str, set[str]]] = {
     "planning-does-io": ("rolloutfleet/planning/rollout.py", "import kubernetes", {PURE}),
     "operator-imports-torch": ("rolloutfleet/adapters/engine.py", "import torch", {NO_TORCH}),
     "worker-imports-kopf": ("rolloutfleet_worker/auth.py", "import kopf", {WORKER}),
+    # Both images ship the digest; reaching into either package from it would drag that package along, and
+    # the operator, which imports the digest, would then reach the worker package through it.
+    "digest-imports-worker": (
+        "rolloutfleet_digest/__init__.py",
+        "import rolloutfleet_worker.records",
+        {DIGEST, NO_TORCH},
+    ),
 }
+
+_ROOTS = ("operator", "worker_image", "digest")
+
+
+def _root_of(path: str) -> str:
+    return {"rolloutfleet_worker": "worker_image", "rolloutfleet_digest": "digest"}.get(path.split("/")[0], "operator")
 
 
 def _copy_tree(dest: pathlib.Path) -> pathlib.Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for root in ("operator", "worker_image"):
+    for root in _ROOTS:
         shutil.copytree(REPO / root, dest / root, ignore=ignore)
     shutil.copy2(REPO / "pyproject.toml", dest / "pyproject.toml")
     return dest
@@ -123,7 +137,7 @@ def _copy_tree(dest: pathlib.Path) -> pathlib.Path:
 def _env(tree: pathlib.Path) -> dict[str, str]:
     # The copy comes first on sys.path, ahead of the editable install of the checkout; COLUMNS stops the
     # report wrapping contract names.
-    pythonpath = os.pathsep.join([str(tree / "operator"), str(tree / "worker_image")])
+    pythonpath = os.pathsep.join(str(tree / root) for root in _ROOTS)
     return {**os.environ, "PYTHONPATH": pythonpath, "COLUMNS": "1000"}
 
 
@@ -158,7 +172,7 @@ def test_every_contract_is_broken_by_some_plant() -> None:
 def test_a_planted_import_breaks_exactly_its_contracts(tmp_path: pathlib.Path, case: str) -> None:
     path, line, broken = PLANTS[case]
     tree = _copy_tree(tmp_path)
-    target = tree / ("worker_image" if path.startswith("rolloutfleet_worker/") else "operator") / path
+    target = tree / _root_of(path) / path
     before = target.read_text(encoding="utf-8") if target.exists() else ""
     target.write_text(f"{before}\n{line}  # planted\n", encoding="utf-8")
     code, verdicts, report = _lint(tree)
@@ -167,7 +181,8 @@ def test_a_planted_import_breaks_exactly_its_contracts(tmp_path: pathlib.Path, c
     assert {name for name, verdict in verdicts.items() if verdict == "BROKEN"} == broken, report
 
 
-# Imports every module left in the copy after sim/ and sandbox/ are gone, as the operator image holds it.
+# Imports every module left in the copy after sim/, sandbox/ and the worker package are gone, as the operator
+# image holds it (the trainer's GPU digest imports the worker lazily, only when handed CUDA tensors).
 # The editable install of the checkout would otherwise find the deleted packages (its finder maps
 # subpackages of `rolloutfleet` to the checkout), so it is dropped from sys.meta_path first.
 _IMPORT_ALL_WITHOUT_RIG = """
@@ -177,7 +192,7 @@ import rolloutfleet
 names = [m.name for m in pkgutil.walk_packages(rolloutfleet.__path__, "rolloutfleet.")]
 for name in names:
     importlib.import_module(name)
-for rig in ("rolloutfleet.sim", "rolloutfleet.sandbox"):
+for rig in ("rolloutfleet.sim", "rolloutfleet.sandbox", "rolloutfleet_worker"):
     try:
         importlib.import_module(rig)
     except ModuleNotFoundError:
@@ -193,10 +208,11 @@ print(len(names), "modules", *sorted(names))
 """
 
 
-def test_production_modules_import_without_sim_and_sandbox(tmp_path: pathlib.Path) -> None:
+def test_production_modules_import_without_sim_sandbox_and_worker(tmp_path: pathlib.Path) -> None:
     tree = _copy_tree(tmp_path)
     for rig in ("sim", "sandbox"):
         shutil.rmtree(tree / "operator" / "rolloutfleet" / rig)
+    shutil.rmtree(tree / "worker_image")
     proc = subprocess.run(
         [sys.executable, "-c", _IMPORT_ALL_WITHOUT_RIG],
         cwd=tree,

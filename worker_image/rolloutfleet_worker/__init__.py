@@ -3,7 +3,8 @@
 Loaded by vLLM itself, never by the operator: ``--worker-extension-cls
 rolloutfleet_worker.extension.RolloutFleetExtension`` (in-place verifier/draft loads with digests, a state
 report) and ``--middleware rolloutfleet_worker.auth.ControlAuthMiddleware`` (bearer token on every control
-route). ``rolloutfleet_worker.digest`` is the one module the operator may import (pure Python + blake3).
+route). The digest definition it shares with the operator is ``rolloutfleet_digest`` (digest/, its own
+distribution), so this package and the operator never ship in each other's image.
 Kept empty of imports so that importing any submodule stays cheap and torch/vLLM-free.
 """
 

@@ -25,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rolloutfleet_worker import digest, options, paths, push, records
+import rolloutfleet_digest as digest
+from rolloutfleet_worker import options, paths, push, records
 from rolloutfleet_worker.options import (
     BOUNCE_SHARE_ENV,
     BOUNCE_THREADS_ENV,

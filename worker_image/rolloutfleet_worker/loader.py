@@ -11,7 +11,7 @@ the H200 the mapped path with the worker's defaults loads 21 GB/s inside vLLM (2
 the read path ~20 GB/s once warm after two slow first loads (bench/results/gpu_update.md). Either way
 tensors reach vLLM's own per-model ``load_weights`` (q/k/v stacking, tensor-parallel shards, copies into
 the existing parameters, so CUDA graphs keep their pointers), reading and hashing run ahead of the
-model's copies, and the digest (``rolloutfleet_worker.digest``) covers every tensor of the checkpoint,
+model's copies, and the digest (``rolloutfleet_digest``) covers every tensor of the checkpoint,
 fed or skipped.
 
 A load succeeds only when it is complete: every tensor of the checkpoint was either taken by
@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from rolloutfleet_worker import digest, loader_base, loader_cuda, loader_mapped, loader_read, loader_staged
+import rolloutfleet_digest as digest
+from rolloutfleet_worker import loader_base, loader_cuda, loader_mapped, loader_read, loader_staged
 from rolloutfleet_worker.loader_base import (
     CHUNK_BYTES,
     READAHEAD_BYTES,

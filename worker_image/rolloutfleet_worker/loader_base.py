@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol, TypeVar, cast
 
 import torch
 
-from rolloutfleet_worker import digest
+import rolloutfleet_digest as digest
 from rolloutfleet_worker.paths import under_roots
 
 T = TypeVar("T")

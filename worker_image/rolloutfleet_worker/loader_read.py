@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from rolloutfleet_worker import digest
+import rolloutfleet_digest as digest
 from rolloutfleet_worker.loader_base import (
     POLL,
     Budget,

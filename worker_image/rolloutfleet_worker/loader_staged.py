@@ -31,7 +31,8 @@ from typing import Any, Protocol
 
 import torch
 
-from rolloutfleet_worker import blake3_device, digest
+import rolloutfleet_digest as digest
+from rolloutfleet_worker import blake3_device
 from rolloutfleet_worker.blake3_device import CHUNK_LEN
 from rolloutfleet_worker.loader_base import (
     POLL,

@@ -20,7 +20,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rolloutfleet_worker import digest, loader_base, options, paths
+import rolloutfleet_digest as digest
+from rolloutfleet_worker import loader_base, options, paths
 from rolloutfleet_worker.loader_base import OutsideRootsError, memory
 from rolloutfleet_worker.payloads import ErrorBody, ErrorCode, Failure, StageResult, StageState, Target, fail
 from rolloutfleet_worker.staging_area import Checkpoint, Stage

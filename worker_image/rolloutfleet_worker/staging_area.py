@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rolloutfleet_worker import digest
-from rolloutfleet_worker.digest import TensorInfo
+import rolloutfleet_digest as digest
+from rolloutfleet_digest import TensorInfo
 from rolloutfleet_worker.loader_base import (
     CHUNK_BYTES,
     POLL,

@@ -36,7 +36,8 @@ from typing import Any
 import blake3
 import torch
 
-from rolloutfleet_worker import blake3_device, digest, loader_base, models
+import rolloutfleet_digest as digest
+from rolloutfleet_worker import blake3_device, loader_base, models
 from rolloutfleet_worker.payloads import ErrorCode
 
 # torch dtype -> safetensors spelling (the digest's), the inverse of the loader's table.

@@ -22,6 +22,13 @@ JSON = dict[str, Any]
 _DROP_KEYS = frozenset({"title", "$defs"})
 _NULLABLE = "x-rolloutfleet-nullable"
 
+# `kubectl get rolloutfleet-all -A` lists both kinds. A category must equal no resource name: with the
+# category `rolloutfleet`, `kubectl get rolloutfleet NAME` in a namespace without that object fell back to
+# the category and failed ("you must specify only one resource", not "not found"). No kind's singular,
+# plural or short name may be this word
+# (tests/unit/api/test_crds.py; tests/integration/chart/test_crd_names.py runs kubectl).
+CATEGORY = "rolloutfleet-all"
+
 
 def _resolve(node: Any, defs: JSON) -> Any:
     """Inline every ``$ref`` (siblings of a ``$ref``, like descriptions, win over the target's)."""
@@ -181,7 +188,7 @@ def _crd(
                 "plural": plural,
                 "singular": singular,
                 "shortNames": short_names,
-                "categories": ["rolloutfleet"],
+                "categories": [CATEGORY],
             },
             "versions": [
                 {

@@ -565,7 +565,7 @@ class EngineCore:
         engine without a draft); every ``*.safetensors`` header parses, tensors lie inside their files
         with the bytes their dtype and shape say, no name twice, every dtype loadable (``io``); then the
         element count (``incomplete``). Reads headers only (the project's header scanner,
-        ``rolloutfleet_worker.digest.scan_directory``), never tensor bytes, and changes nothing: no slot,
+        ``rolloutfleet_digest.scan_directory``), never tensor bytes, and changes nothing: no slot,
         no claim, no call-log entry (like the state read, it is logged only when a fault fires).
 
         What the simulator cannot model: allowed weight roots (it has none, so nothing is ``invalid_path``

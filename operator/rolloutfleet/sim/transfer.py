@@ -42,7 +42,7 @@ never comes is the ``hang`` fault on it. ``rolloutfleet_push_group`` records the
 
 The extension's side (``rolloutfleet_push_begin``/``_end``, as ``rolloutfleet_worker.push`` and its
 payloads) hashes every tensor its target receives with the project's one digest
-(``rolloutfleet_worker.digest`` through ``rolloutfleet.digest``: BLAKE3 per tensor of its raw bytes,
+(``rolloutfleet_digest`` through ``rolloutfleet.digest``: BLAKE3 per tensor of its raw bytes,
 combined in name order with name, dtype and shape), so a good session's digest equals ``rolloutfleet
 digest`` of a checkpoint holding the same tensors. A tensor received twice in one push session fails its
 update (the extension raises inside ``load_weights``). A draft's tensors shared with the verifier are

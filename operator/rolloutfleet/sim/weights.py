@@ -2,7 +2,7 @@
 
 Called by ``rolloutfleet.sim.engine`` for ``rolloutfleet_load``/``rolloutfleet_restore_draft``. The real
 digest is computed by the one digest implementation of the project (``rolloutfleet.digest``, which
-re-exports ``rolloutfleet_worker.digest.digest_directory``) so a simulated engine reports exactly what
+re-exports ``rolloutfleet_digest.digest_directory``) so a simulated engine reports exactly what
 the GPU extension and ``rolloutfleet digest`` compute. Paths under the configured synthetic root are
 never read: their digest is BLAKE3 of the path, their size is configured (see ``WeightsConfig``).
 
@@ -55,7 +55,7 @@ def digest_function() -> Callable[[str], str]:
     digest module exists; ``rolloutfleet.digest`` is the only module allowed to reach into the worker
     package, so that is the name asked for first.
     """
-    for module_name in ("rolloutfleet.digest", "rolloutfleet_worker.digest"):
+    for module_name in ("rolloutfleet.digest", "rolloutfleet_digest"):
         try:
             module = importlib.import_module(module_name)
         except ImportError:
@@ -212,7 +212,7 @@ LOADABLE_DTYPES = frozenset(
 def _header_scanner() -> Callable[[str], list[Any]]:
     """The project's safetensors header scanner (``scan_directory``), looked up by name like the digest
     (``digest_function``): ``rolloutfleet.digest`` first, the one module that may reach the worker."""
-    for module_name in ("rolloutfleet.digest", "rolloutfleet_worker.digest"):
+    for module_name in ("rolloutfleet.digest", "rolloutfleet_digest"):
         try:
             module = importlib.import_module(module_name)
         except ImportError:
@@ -220,7 +220,7 @@ def _header_scanner() -> Callable[[str], list[Any]]:
         fn = getattr(module, "scan_directory", None)
         if callable(fn):
             return fn  # type: ignore[no-any-return]
-    raise LoadError("io", "no header scanner: rolloutfleet_worker.digest.scan_directory is missing")
+    raise LoadError("io", "no header scanner: rolloutfleet_digest.scan_directory is missing")
 
 
 def scan_headers(path: str) -> list[Any]:

@@ -2,7 +2,7 @@
 
 Called by ``rolloutfleet.trainer.push`` (the digest a pushed WeightRevision pins, computed over exactly
 what it will send) and by trainers directly (``digest_tensors``). The definition and the combining rule
-are ``rolloutfleet_worker.digest``'s (``DigestBuilder``; docs/digest.md): per tensor the BLAKE3 of its raw
+are ``rolloutfleet_digest``'s (``DigestBuilder``; docs/digest.md): per tensor the BLAKE3 of its raw
 bytes, combined in name order with its name, safetensors dtype and shape. So the value equals ``rolloutfleet
 digest`` of a safetensors checkpoint holding the same tensors, and what the engines' extension reports
 after receiving them.
@@ -23,9 +23,9 @@ from typing import Any
 
 import blake3
 
+import rolloutfleet_digest as wdigest
 from rolloutfleet.trainer import tensors as torch_tensors
 from rolloutfleet.trainer.errors import InvalidTensors
-from rolloutfleet_worker import digest as wdigest
 
 
 @dataclasses.dataclass(frozen=True)

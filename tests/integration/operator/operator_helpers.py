@@ -20,7 +20,10 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 def run_example(script: str, *args: str, timeout: float) -> list[str]:
     """Run ``examples/SCRIPT`` as a user would (the repo's packages on the path); assert it succeeded and
     return its ``step ...`` lines (one per training step)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "operator"), str(REPO / "worker_image")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(REPO / "operator"), str(REPO / "worker_image"), str(REPO / "digest")]),
+    )
     proc = subprocess.run(
         [sys.executable, str(REPO / "examples" / script), *args],
         env=env,

@@ -112,3 +112,17 @@ def test_fleet_status_records_served_weights() -> None:
     assert "default" not in served  # absent until the operator records it
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns == ["Replicas", "Ready", "Revision", "Target", "Available", "Age"]
+
+
+def test_the_category_shadows_no_resource_name() -> None:
+    # kubectl expands a category before it looks for a resource of that name: when the category was
+    # `rolloutfleet`, `kubectl get rolloutfleet NAME` meant both kinds and failed ("you must specify only
+    # one resource"). The integration test runs kubectl itself; this one keeps the rule cheap to check.
+    crds = crdgen.custom_resource_definitions().values()
+    taken = set()
+    for crd in crds:
+        names = crd["spec"]["names"]
+        taken |= {names["singular"], names["plural"], names["kind"].lower(), *names.get("shortNames", [])}
+    categories = {c for crd in crds for c in crd["spec"]["names"]["categories"]}
+    assert categories == {crdgen.CATEGORY}
+    assert not categories & taken

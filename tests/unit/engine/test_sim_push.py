@@ -26,7 +26,7 @@ from transfer_support import (
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.adapters.engine_wire import EngineRPCError
 from rolloutfleet.sim import EngineSpec, SimulatedEngine, SimulatedFleet
-from rolloutfleet_worker.digest import digest_directory
+from rolloutfleet_digest import digest_directory
 
 
 @pytest.fixture

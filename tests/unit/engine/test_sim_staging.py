@@ -23,7 +23,7 @@ from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.adapters.engine_wire import EngineHTTPError, EngineInconsistent, EngineRPCError
 from rolloutfleet.api.engine import StagePhase, StageState
 from rolloutfleet.sim import EngineSpec, FaultKind, FaultRule, Latencies, SimulatedEngine, SimulatedFleet
-from rolloutfleet_worker.digest import digest_directory
+from rolloutfleet_digest import digest_directory
 
 WAIT = 10.0  # seconds: bounds a hang; every stage here takes well under one
 

@@ -211,7 +211,9 @@ for name, handle in zip(info["names"], pickle.loads(base64.b64decode(info["ipc_h
 from rolloutfleet.trainer.digest import digest_tensors
 print(digest_tensors(rebuilt))
 """
-    path = os.pathsep.join([str(REPO / "operator"), str(REPO / "worker_image"), os.environ.get("PYTHONPATH", "")])
+    path = os.pathsep.join(
+        [str(REPO / "operator"), str(REPO / "worker_image"), str(REPO / "digest"), os.environ.get("PYTHONPATH", "")]
+    )
     env = {**os.environ, "PYTHONPATH": path}
     out = subprocess.run(
         [sys.executable, "-c", child, str(tmp_path / "body.json")],

@@ -45,7 +45,8 @@ def test_triton_kernels_match_the_package_in_the_interpreter(tmp_path: Path) -> 
         import os, sys
         import blake3, torch
         from safetensors.torch import save_file
-        from rolloutfleet_worker import blake3_device, digest, loader
+        import rolloutfleet_digest as digest
+        from rolloutfleet_worker import blake3_device, loader
         sys.path.insert(0, sys.argv[2])
         from test_worker_loader import Recorder, RecordingPinner
 
@@ -82,7 +83,7 @@ def test_triton_kernels_match_the_package_in_the_interpreter(tmp_path: Path) -> 
     env = {
         **os.environ,
         "TRITON_INTERPRET": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO / "worker_image"), str(REPO / "operator")]),
+        "PYTHONPATH": os.pathsep.join([str(REPO / "worker_image"), str(REPO / "digest"), str(REPO / "operator")]),
     }
     proc = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path), str(Path(__file__).parent)],

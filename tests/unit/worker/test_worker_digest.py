@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+import rolloutfleet_digest as digest
 from rolloutfleet import cli
-from rolloutfleet_worker import digest
 
 pytestmark = pytest.mark.unit
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 from worker_fakes import GraphWrapper, TinyLlama, WorkerV1, WorkerV2, write_eagle, write_verifier
 
+import rolloutfleet_digest as digest
 from rolloutfleet import cli
-from rolloutfleet_worker import digest, extension, models
+from rolloutfleet_worker import extension, models
 
 pytestmark = pytest.mark.unit
 

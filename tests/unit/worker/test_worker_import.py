@@ -15,18 +15,21 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def test_imports_without_vllm_or_torch() -> None:
+def test_imports_without_vllm_torch_or_the_operator() -> None:
+    # The worker image ships no operator package (worker_image/Dockerfile checks it on the built image):
+    # everything vLLM loads must import with `rolloutfleet` absent, as well as torch and vLLM.
     code = (
         "import sys\n"
         "sys.modules['vllm'] = None\n"
         "sys.modules['torch'] = None\n"
         "sys.modules['safetensors'] = None\n"
+        "sys.modules['rolloutfleet'] = None\n"
         "import rolloutfleet_worker, rolloutfleet_worker.extension, rolloutfleet_worker.auth\n"
-        "import rolloutfleet_worker.digest, rolloutfleet.digest\n"
+        "import rolloutfleet_worker.observation, rolloutfleet_digest\n"
         "assert 'vllm' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
         "print('ok')\n"
     )
-    env_path = f"{ROOT / 'worker_image'}:{ROOT / 'operator'}"
+    env_path = f"{ROOT / 'worker_image'}:{ROOT / 'digest'}"
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -20,7 +20,8 @@ import torch
 from safetensors.torch import load_file
 from worker_fakes import write_verifier
 
-from rolloutfleet_worker import digest, loader, loader_base
+import rolloutfleet_digest as digest
+from rolloutfleet_worker import loader, loader_base
 
 pytestmark = pytest.mark.unit
 

@@ -23,9 +23,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from worker_fakes import PushWorker, WorkerV1, write_eagle, write_verifier
 
+import rolloutfleet_digest as digest
 from rolloutfleet.adapters import engine_wire
 from rolloutfleet.api.engine import GroupMembership, Target
-from rolloutfleet_worker import digest, models, transfer
+from rolloutfleet_worker import models, transfer
 
 pytestmark = pytest.mark.unit
 
@@ -519,7 +520,7 @@ def test_the_device_hash_path_matches_the_host_in_the_interpreter() -> None:
     env = {
         **os.environ,
         "TRITON_INTERPRET": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO / "worker_image"), str(REPO / "operator")]),
+        "PYTHONPATH": os.pathsep.join([str(REPO / "worker_image"), str(REPO / "digest"), str(REPO / "operator")]),
     }
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr

@@ -24,7 +24,8 @@ import pytest
 import torch
 from worker_fakes import WorkerV1, write_eagle, write_verifier
 
-from rolloutfleet_worker import digest, loader, loader_base, options, staging, staging_area
+import rolloutfleet_digest as digest
+from rolloutfleet_worker import loader, loader_base, options, staging, staging_area
 
 pytestmark = pytest.mark.unit
 
@@ -559,7 +560,8 @@ def test_a_commit_hashes_large_tensors_on_the_device(tmp_path: Path) -> None:
         import os, sys, time, types
         import torch
         from safetensors.torch import save_file
-        from rolloutfleet_worker import digest, loader, staging
+        import rolloutfleet_digest as digest
+        from rolloutfleet_worker import loader, staging
 
         ckpt = sys.argv[1]
         g = torch.Generator().manual_seed(7)
@@ -595,7 +597,7 @@ def test_a_commit_hashes_large_tensors_on_the_device(tmp_path: Path) -> None:
     env = {
         **os.environ,
         "TRITON_INTERPRET": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO / "worker_image"), str(REPO / "operator")]),
+        "PYTHONPATH": os.pathsep.join([str(REPO / "worker_image"), str(REPO / "digest"), str(REPO / "operator")]),
     }
     proc = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True, timeout=600

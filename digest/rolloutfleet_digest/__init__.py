@@ -2,6 +2,8 @@
 
 Called by ``rolloutfleet_worker.loader`` (hashing while tensors stream into the model on a GPU worker)
 and by the operator's ``rolloutfleet digest`` / ``publish`` commands (hashing the files on any machine).
+Its own distribution (``digest/pyproject.toml``) so that both images ship it and neither ships the other's
+package.
 It owns the safetensors header parsing, the per-tensor hash, the combination rule and the digest string
 format. Pure Python plus the ``blake3`` package: no torch, no vLLM, no kopf, and deliberately not the
 ``safetensors`` package either (the operator may not import it, and raw byte ranges are all we need).
