@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import logging
 import os
+import sys
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +37,12 @@ def run(args: argparse.Namespace) -> int:
 
     from rolloutfleet.handlers import wiring  # imported for its decorators, too
 
+    problem = credentials_problem()
+    if problem is not None:
+        # kopf would log a login failure and retry its startup every minute, forever: a pod would never
+        # crash-loop and a container run by hand would never exit. One line and a non-zero exit instead.
+        print(f"rolloutfleet run: {problem}", file=sys.stderr)
+        return 2
     _raise_open_files_limit()
     os.environ[wiring.METRICS_PORT_ENV] = str(args.metrics_port)
     os.environ[wiring.CLUSTER_WIDE_ENV] = "1" if args.all_namespaces else "0"
@@ -57,6 +64,27 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def credentials_problem() -> str | None:
+    """Why no Kubernetes credentials can be found (in-cluster, else KUBECONFIG / ~/.kube/config), or None."""
+    from kubernetes import client as k8s_client
+    from kubernetes import config as k8s_config
+
+    try:
+        k8s_config.load_incluster_config(client_configuration=k8s_client.Configuration())
+        return None
+    except k8s_config.ConfigException as in_cluster:
+        in_cluster_reason = str(in_cluster)
+    try:
+        k8s_config.load_kube_config(client_configuration=k8s_client.Configuration())
+        return None
+    except (k8s_config.ConfigException, OSError, TypeError) as kubeconfig:
+        where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        return (
+            f"no cluster credentials: not in a pod ({in_cluster_reason}) and no usable kubeconfig at {where} "
+            f"({kubeconfig}); mount a ServiceAccount token or set KUBECONFIG"
+        )
 
 
 def _raise_open_files_limit() -> None:
