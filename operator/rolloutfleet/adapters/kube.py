@@ -17,6 +17,7 @@ import concurrent.futures
 import datetime
 import json
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -36,6 +37,27 @@ FIELD_MANAGER = "rolloutfleet-operator"
 REQUEST_TIMEOUT_SECONDS = 30.0  # one read or write of one object
 LIST_TIMEOUT_SECONDS = 120.0  # a list may carry a thousand pods
 log = logging.getLogger(__name__)
+
+
+def credentials_problem() -> str | None:
+    """Why no Kubernetes credentials can be found (in-cluster, else KUBECONFIG / ~/.kube/config), or None.
+
+    Called by ``rolloutfleet run`` before kopf starts (kopf alone retries a failed login forever).
+    """
+    try:
+        k8s_config.load_incluster_config(client_configuration=k8s_client.Configuration())
+        return None
+    except k8s_config.ConfigException as in_cluster:
+        in_cluster_reason = str(in_cluster)
+    try:
+        k8s_config.load_kube_config(client_configuration=k8s_client.Configuration())
+        return None
+    except (k8s_config.ConfigException, OSError, TypeError) as kubeconfig:
+        where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        return (
+            f"no cluster credentials: not in a pod ({in_cluster_reason}) and no usable kubeconfig at {where} "
+            f"({kubeconfig}); mount a ServiceAccount token or set KUBECONFIG"
+        )
 
 
 class KubeError(RuntimeError):

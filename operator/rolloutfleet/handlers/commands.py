@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the operator until it is signalled to stop."""
     import kopf
 
+    from rolloutfleet.adapters.kube import credentials_problem
     from rolloutfleet.handlers import wiring  # imported for its decorators, too
 
     problem = credentials_problem()
@@ -64,27 +65,6 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     return 0
-
-
-def credentials_problem() -> str | None:
-    """Why no Kubernetes credentials can be found (in-cluster, else KUBECONFIG / ~/.kube/config), or None."""
-    from kubernetes import client as k8s_client
-    from kubernetes import config as k8s_config
-
-    try:
-        k8s_config.load_incluster_config(client_configuration=k8s_client.Configuration())
-        return None
-    except k8s_config.ConfigException as in_cluster:
-        in_cluster_reason = str(in_cluster)
-    try:
-        k8s_config.load_kube_config(client_configuration=k8s_client.Configuration())
-        return None
-    except (k8s_config.ConfigException, OSError, TypeError) as kubeconfig:
-        where = os.environ.get("KUBECONFIG") or "~/.kube/config"
-        return (
-            f"no cluster credentials: not in a pod ({in_cluster_reason}) and no usable kubeconfig at {where} "
-            f"({kubeconfig}); mount a ServiceAccount token or set KUBECONFIG"
-        )
 
 
 def _raise_open_files_limit() -> None:
