@@ -24,8 +24,15 @@ COPY digest ./digest
 # The checks: every shipped module imports, the rig, the worker package and torch do not, and
 # `rolloutfleet run` parses (tests/images/ repeats them on the built image).
 RUN rm -rf operator/rolloutfleet/sim operator/rolloutfleet/sandbox
+# Then two things nothing at runtime uses leave the venv (bench/results/images.md: 387 MB image before):
+# the asyncio client the kubernetes package ships beside its sync one (kubernetes/aio, 68 MB; the operator
+# talks to the API server through kopf and its own aiohttp session, and uses the package only for its
+# config loading and a few sync calls), and pip itself. The import checks below run after the removal.
 RUN python -m venv /opt/rolloutfleet \
     && /opt/rolloutfleet/bin/pip install --no-cache-dir -c constraints.txt ./digest . \
+    && site="$(/opt/rolloutfleet/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    && rm -rf "$site/kubernetes/aio" \
+    && /opt/rolloutfleet/bin/python -m pip uninstall -q -y pip \
     && /opt/rolloutfleet/bin/python -m compileall -q /opt/rolloutfleet/lib \
     && /opt/rolloutfleet/bin/python -c "import importlib as i, pkgutil as p, rolloutfleet as r; \
         [i.import_module(m.name) for m in p.walk_packages(r.__path__, 'rolloutfleet.')]" \
@@ -33,6 +40,7 @@ RUN python -m venv /opt/rolloutfleet \
     && ! /opt/rolloutfleet/bin/python -c "import rolloutfleet.sandbox" 2>/dev/null \
     && ! /opt/rolloutfleet/bin/python -c "import rolloutfleet_worker" 2>/dev/null \
     && ! /opt/rolloutfleet/bin/python -c "import torch" 2>/dev/null \
+    && ! /opt/rolloutfleet/bin/python -c "import kubernetes.aio" 2>/dev/null \
     && /opt/rolloutfleet/bin/rolloutfleet run --help >/dev/null
 
 FROM python:3.11-slim

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import pathlib
 import subprocess
-import sys
 import time
 from typing import Any, cast
 
@@ -69,10 +68,11 @@ async def _main(args: argparse.Namespace) -> int:
         operator = operator_process.start(local.kubeconfig, local.directory / "logs" / "operator.log")
         # Recorded with the cluster: ``sandbox down`` stops the operator, and with --keep this process too
         # (it serves the simulated engines), not only the control plane.
-        local.adopt("operator", operator.pid, sys.executable, str(local.directory / "logs" / "operator.log"))
+        log = local.directory / "logs" / "operator.log"
+        local.adopt("operator", operator.pid, operator_process.executable(operator), str(log))
         if args.keep:
             local.adopt_this_process("demo")
-        say(f"operator running (pid {operator.pid}, log {local.directory / 'logs' / 'operator.log'})")
+        say(f"operator running ({operator_process.describe(operator)}, log {log})")
         follower = PodFollower(api, NAMESPACE, FLEET, latencies=LATENCIES, interval=0.2)
         follower_task = asyncio.create_task(follower.run())
         await _wait_fleet(api)
