@@ -33,6 +33,9 @@ KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v4.3.1"
+# Argo CD's Lua interpreter (its go.mod requires gopher-lua v1.1.1): the Argo CD health checks of
+# docs/gitops run under it in tests/unit/gitops, besides a C Lua 5.1.
+GOPHER_LUA_VERSION = "v1.1.1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +109,7 @@ TOOLS: dict[str, Tool] = {
                 ),
             ),
         ),
+        Tool("glua", "github.com/yuin/gopher-lua", GOPHER_LUA_VERSION, "github.com/yuin/gopher-lua/cmd/glua"),
         Tool(
             "helm",
             "helm.sh/helm/v4",
@@ -337,7 +341,7 @@ def ensure(names: tuple[str, ...] | list[str] = CONTROL_PLANE, force: bool = Fal
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("tools", nargs="*", default=[*CONTROL_PLANE, "helm"])
+    parser.add_argument("tools", nargs="*", default=[*CONTROL_PLANE, "helm", "glua"])
     parser.add_argument("--force", action="store_true", help="rebuild even if cached")
     args = parser.parse_args(argv)
     started = datetime.datetime.now()

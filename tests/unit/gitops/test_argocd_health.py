@@ -1,15 +1,28 @@
-"""The Argo CD health checks of docs/gitops, run by a real Lua interpreter (lupa's Lua 5.1, the dialect of
-Argo CD's gopher-lua) the way Argo CD runs them: the script is a chunk with a global ``obj`` that returns
-``{status, message}``."""
+"""The Argo CD health checks of docs/gitops, run the way Argo CD runs them (the script is a chunk with a
+global ``obj`` that returns ``{status, message}``) by two interpreters: C Lua 5.1 (lupa) and gopher-lua, the
+Go implementation Argo CD embeds (``glua`` v1.1.1, built from its Go module with the control plane:
+``rolloutfleet.sandbox.binaries``). Every case runs under both, so a script that leans on behaviour only
+one of them has fails here.
+
+For gopher-lua, ``obj`` is written as a table constructor the way Argo CD converts the object (maps to
+tables keyed by string, lists to 1-based tables, JSON numbers to Lua numbers, null to nil), and ``os``,
+``io`` and ``debug`` are taken away before the script runs (Argo CD does not give them to health scripts
+unless a cluster opts in).
+"""
 
 from __future__ import annotations
 
+import json
 import pathlib
+import subprocess
+import tempfile
 from typing import Any
 
 import pytest
 import yaml
 from lupa import lua51
+
+from rolloutfleet.sandbox import binaries
 
 pytestmark = pytest.mark.unit
 
@@ -17,14 +30,79 @@ ARGOCD = pathlib.Path(__file__).resolve().parents[3] / "docs" / "gitops" / "argo
 ARGO_STATUSES = {"Healthy", "Progressing", "Degraded", "Suspended", "Missing", "Unknown"}
 
 
+_interpreter = "lua5.1"
+
+
+@pytest.fixture(autouse=True, params=["lua5.1", "gopher-lua"])
+def interpreter(request: pytest.FixtureRequest) -> str:
+    """Which interpreter ``health`` uses in this test."""
+    global _interpreter
+    if request.param == "gopher-lua" and not binaries.binary_path("glua").exists():
+        pytest.skip("glua is not built: python -m rolloutfleet.sandbox.binaries glua (make binaries does)")
+    _interpreter = request.param
+    return _interpreter
+
+
 def health(script: str, obj: dict[str, Any]) -> tuple[str, str]:
-    lua = lua51.LuaRuntime(unpack_returned_tuples=True)
-    lua.globals().obj = lua.table_from(obj, recursive=True)
-    result = lua.execute((ARGOCD / script).read_text())
-    status, message = result["status"], result["message"]
+    if _interpreter == "gopher-lua":
+        status, message = _gopher_lua(script, obj)
+    else:
+        lua = lua51.LuaRuntime(unpack_returned_tuples=True)
+        lua.globals().obj = lua.table_from(obj, recursive=True)
+        result = lua.execute((ARGOCD / script).read_text())
+        status, message = result["status"], result["message"]
     assert status in ARGO_STATUSES
     assert isinstance(message, str) and message
     return str(status), str(message)
+
+
+def lua_literal(value: Any) -> str:
+    """``value`` (decoded JSON) as a Lua 5.1 expression; strings byte by byte, so any text survives."""
+    if value is None:
+        return "nil"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        # Decimal escapes of three digits: Lua reads up to three, so a short one before a digit would grow.
+        plain = {ord(c) for c in " .-_:/"}
+        escaped = (chr(b) if (chr(b).isalnum() and b < 128) or b in plain else f"\\{b:03d}" for b in value.encode())
+        return '"' + "".join(escaped) + '"'
+    if isinstance(value, list):
+        return "{" + ",".join(lua_literal(item) for item in value) + "}"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"[{lua_literal(str(k))}]={lua_literal(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"not JSON: {value!r}")
+
+
+def _gopher_lua(script: str, obj: dict[str, Any]) -> tuple[Any, Any]:
+    # The script runs as a function body (a chunk's top-level `return` works the same there); status and
+    # message go out through the io.write kept aside before io is taken away.
+    program = "\n".join(
+        [
+            f"obj = {lua_literal(json.loads(json.dumps(obj)))}",
+            "local write = io.write",
+            "os, io, debug = nil, nil, nil",
+            "local hs = (function()",
+            (ARGOCD / script).read_text(),
+            "end)()",
+            'write(type(hs.status) == "string" and hs.status or "?", "\\0", tostring(hs.message))',
+        ]
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as chunk:  # glua reads scripts from files only
+        chunk.write(program)
+        chunk.flush()
+        done = subprocess.run(
+            [str(binaries.binary_path("glua")), chunk.name],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr
+    status, _, message = done.stdout.partition("\0")
+    return status, message
 
 
 def cond(type_: str, status: str, reason: str = "R", message: str = "") -> dict[str, Any]:
@@ -171,3 +249,11 @@ def test_argocd_cm_snippet_embeds_the_scripts_verbatim() -> None:
     data = cm["data"]
     assert data["resource.customizations.health.rolloutfleet.io_RolloutFleet"] == (ARGOCD / FLEET).read_text()
     assert data["resource.customizations.health.rolloutfleet.io_WeightRevision"] == (ARGOCD / WREV).read_text()
+
+
+def test_the_object_reaches_the_script_unchanged() -> None:
+    # Under gopher-lua the object travels as Lua source: non-ASCII, quotes, newlines and digits right
+    # after an escaped byte must arrive as the operator wrote them.
+    message = 'naïve "quoted"\nline 2\t\x01' + "5" * 3
+    status, seen = health(FLEET, fleet(cond("Degraded", "True", "X", message)))
+    assert (status, seen) == ("Degraded", message)
