@@ -12,6 +12,11 @@ decoded line by line, kept in a dict by name. ``Kube.list`` serves from it only 
 (``current``); before the first list, after a dropped stream or an expired resourceVersion (410 Gone), or
 when the operator may not watch (403: an older chart), reads are real lists again, and the next list
 seeds the watch anew. A list nobody read for ``IDLE_SECONDS`` (a deleted fleet) stops its watch.
+
+What it holds of each pod is :func:`pod_projection`: its metadata without ``managedFields``, its status, and
+of its spec only the readiness gates and the node. The rest (every container's command line, environment
+and probes, the volumes, the field managers: about nine tenths of a 23 KB pod) is never read by the operator,
+and at 4,096 pods those copies were most of its memory (bench/results/rollout_overhead.md).
 """
 
 from __future__ import annotations
@@ -31,12 +36,37 @@ IDLE_SECONDS = 600.0  # a list not read this long stops being watched
 WATCH_SECONDS = 290  # the API server ends each watch after this; it is re-opened from the last version
 
 
-class WatchedList:
-    """The objects at ``path`` (a collection) matching ``selector``, by name; see the module docstring."""
+# The only parts of a pod's spec anything in the operator reads (planning.pod_readiness: the readiness gates;
+# the node is kept for messages and debugging). A reader of another spec field must add it here:
+# tests/unit/reconcile/test_kube_watch.py checks every pod reader on projected and full pods alike.
+POD_SPEC_KEPT = ("readinessGates", "nodeName")
 
-    def __init__(self, http: KubeHTTP, path: str, selector: str, *, on_request: Callable[[str], None]) -> None:
+
+def pod_projection(obj: Manifest) -> Manifest:
+    """What a watched list keeps of a pod: everything but its metadata's managedFields and most of its spec."""
+    kept = {key: value for key, value in obj.items() if key not in ("metadata", "spec")}
+    kept["metadata"] = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+    spec = obj.get("spec") or {}
+    kept["spec"] = {k: spec[k] for k in POD_SPEC_KEPT if k in spec}
+    return kept
+
+
+class WatchedList:
+    """The objects at ``path`` (a collection) matching ``selector``, by name, as ``project`` keeps them; see
+    the module docstring."""
+
+    def __init__(
+        self,
+        http: KubeHTTP,
+        path: str,
+        selector: str,
+        *,
+        on_request: Callable[[str], None],
+        project: Callable[[Manifest], Manifest] = pod_projection,
+    ) -> None:
         self.http, self.path, self.selector = http, path, selector
         self._on_request = on_request
+        self._project = project
         self.items: dict[str, Manifest] = {}
         self.version = ""
         self.open = False  # the watch stream is established: every change since ``version`` arrives
@@ -58,7 +88,7 @@ class WatchedList:
 
     def seed(self, listing: Manifest) -> None:
         """A fresh list's answer: the objects and the version to watch from; (re)starts the watch."""
-        self.items = {str(o["metadata"]["name"]): o for o in listing.get("items") or []}
+        self.items = {str(o["metadata"]["name"]): self._project(o) for o in listing.get("items") or []}
         self.version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
         self.last_read = time.monotonic()
         if self.forbidden or not self.version:
@@ -125,7 +155,7 @@ class WatchedList:
         if kind == "DELETED":
             self.items.pop(name, None)
         else:  # ADDED, MODIFIED
-            self.items[name] = obj
+            self.items[name] = self._project(obj)
         return True
 
 
