@@ -39,9 +39,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             work = pathlib.Path(tmp)
             (work / "go.mod").write_text(binaries._wrapper_gomod(tools[0], work, log))
-            binaries._go(["get", "-tool", *[f"{t.package}@{t.version}" for t in tools]], work, log)
+            binaries.run_go(["get", "-tool", *[f"{t.package}@{t.version}" for t in tools]], work, log)
             flags = " ".join(("-s", "-w", *tools[0].ldflags))
-            binaries._go(
+            binaries.run_go(
                 ["build", "-trimpath", "-o", f"{out}/", "-ldflags", flags, *[t.package for t in tools]], work, log
             )
         print(sorted(p.name for p in out.iterdir()))

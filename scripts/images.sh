@@ -444,6 +444,16 @@ summary() {
     return 0
 }
 
+# The base, both images and their sizes: what `build` and `all` share.
+build_all() {
+    step base bootstrap_base
+    build_opts
+    step operator-image build_operator
+    step standin-image build_standin
+    step worker-image build_worker
+    step sizes sizes
+}
+
 # --- main --------------------------------------------------------------------------------------------------
 
 main() {
@@ -467,12 +477,7 @@ main() {
         ;;
     build)
         check_podman
-        step base bootstrap_base
-        build_opts
-        step operator-image build_operator
-        step standin-image build_standin
-        step worker-image build_worker
-        step sizes sizes
+        build_all
         ;;
     lint) step hadolint hadolint_run ;;
     smoke)
@@ -491,12 +496,7 @@ main() {
         step tools install_tools
         step config write_config
         check_podman
-        step base bootstrap_base
-        build_opts
-        step operator-image build_operator
-        step standin-image build_standin
-        step worker-image build_worker
-        step sizes sizes
+        build_all
         step hadolint hadolint_run
         step smoke smoke
         step tests run_tests

@@ -28,7 +28,7 @@ def test_the_estimate_is_the_last_build_here_else_the_reference(
     etcd = binaries.TOOLS["etcd"]
     monkeypatch.setattr(binaries, "REFERENCE_SECONDS", {"etcd": 250.0})
     assert binaries._expected_seconds(etcd) == (250.0, "a cold build on 2 cores")
-    binaries._record_seconds(etcd, 123.4)
+    binaries.record_seconds(etcd, 123.4)
     assert binaries._expected_seconds(etcd) == (123.4, "its last build here")
     recorded = json.loads((cache / "build-times.json").read_text())
     assert recorded == {f"etcd-{etcd.version}": 123.4}
@@ -39,5 +39,5 @@ def test_the_estimate_is_the_last_build_here_else_the_reference(
 def test_a_damaged_timings_file_is_ignored_and_replaced(cache: pathlib.Path) -> None:
     (cache / "build-times.json").write_text("not json")
     kwok = binaries.TOOLS["kwok"]
-    binaries._record_seconds(kwok, 10.0)
+    binaries.record_seconds(kwok, 10.0)
     assert binaries._expected_seconds(kwok) == (10.0, "its last build here")

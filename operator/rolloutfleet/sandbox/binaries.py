@@ -158,7 +158,7 @@ def _complete(tool: Tool) -> bool:
 
 
 @contextlib.contextmanager
-def _locked(tool: Tool) -> Iterator[None]:
+def locked(tool: Tool) -> Iterator[None]:
     # Two builders of one tool (a test run and `sandbox build`) would fight for the cores and race on the
     # rename; an exclusive flock makes the second wait and then find the binary cached.
     locks = cache_root() / "locks"
@@ -167,12 +167,12 @@ def _locked(tool: Tool) -> Iterator[None]:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            _log(f"{tool.name}: another process is building it; waiting for it")
+            progress(f"{tool.name}: another process is building it; waiting for it")
             fcntl.flock(handle, fcntl.LOCK_EX)
         yield
 
 
-def _log(message: str) -> None:
+def progress(message: str) -> None:
     print(f"[sandbox build] {message}", file=sys.stderr, flush=True)
 
 
@@ -193,7 +193,7 @@ def _timings_file() -> pathlib.Path:
     return cache_root() / "build-times.json"
 
 
-def _recorded_seconds() -> dict[str, float]:
+def recorded_seconds() -> dict[str, float]:
     """The build times recorded here (an absent or damaged file: none)."""
     try:
         recorded = json.loads(_timings_file().read_text())
@@ -204,7 +204,7 @@ def _recorded_seconds() -> dict[str, float]:
 
 def _expected_seconds(tool: Tool) -> tuple[float, str] | None:
     """(seconds, where the number comes from) of the last build of ``tool`` here, else the reference."""
-    seconds = _recorded_seconds().get(f"{tool.name}-{tool.version}")
+    seconds = recorded_seconds().get(f"{tool.name}-{tool.version}")
     if isinstance(seconds, int | float):
         return float(seconds), "its last build here"
     if tool.name in REFERENCE_SECONDS:
@@ -212,15 +212,15 @@ def _expected_seconds(tool: Tool) -> tuple[float, str] | None:
     return None
 
 
-def _record_seconds(tool: Tool, seconds: float) -> None:
-    recorded = _recorded_seconds()
+def record_seconds(tool: Tool, seconds: float) -> None:
+    recorded = recorded_seconds()
     recorded[f"{tool.name}-{tool.version}"] = round(seconds, 1)
     tmp = _timings_file().with_suffix(".partial")
     tmp.write_text(json.dumps(recorded, indent=1, sort_keys=True))
     tmp.rename(_timings_file())
 
 
-def _go(args: list[str], cwd: pathlib.Path, log: pathlib.Path, *, expected: float | None = None) -> str:
+def run_go(args: list[str], cwd: pathlib.Path, log: pathlib.Path, *, expected: float | None = None) -> str:
     env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=mod", GOWORK="off")
     started = time.monotonic()
     with log.open("a") as sink, tempfile.TemporaryFile("w+") as out:
@@ -235,7 +235,7 @@ def _go(args: list[str], cwd: pathlib.Path, log: pathlib.Path, *, expected: floa
             except subprocess.TimeoutExpired:
                 elapsed = time.monotonic() - started
                 hint = f" of about {expected:.0f}s" if expected and expected > elapsed else ""
-                _log(f"  ... go {args[0]} still running ({elapsed:.0f}s{hint})")
+                progress(f"  ... go {args[0]} still running ({elapsed:.0f}s{hint})")
         out.seek(0)
         stdout = out.read()
         sink.write(stdout)
@@ -260,7 +260,7 @@ def staging_replaces(kubernetes_gomod: str, version: str) -> list[tuple[str, str
 def _wrapper_gomod(tool: Tool, workdir: pathlib.Path, log: pathlib.Path) -> str:
     lines = ["module rolloutfleet.local/build/" + tool.name, "", "go 1.26", ""]
     if tool.kubernetes_staging:
-        info = json.loads(_go(["mod", "download", "-json", f"{tool.module}@{tool.version}"], workdir, log))
+        info = json.loads(run_go(["mod", "download", "-json", f"{tool.module}@{tool.version}"], workdir, log))
         replaces = staging_replaces(pathlib.Path(info["GoMod"]).read_text(), tool.version)
         if not replaces:
             raise BuildError(f"{tool.module}@{tool.version}: found no v0.0.0 staging requirements to replace")
@@ -274,7 +274,7 @@ def build(name: str, force: bool = False) -> pathlib.Path:
     target = binary_path(name)
     if _complete(tool) and not force:
         return target
-    with _locked(tool):
+    with locked(tool):
         if _complete(tool) and not force:  # built by whoever held the lock before us
             return target
         logs = cache_root() / "logs"
@@ -291,12 +291,12 @@ def _compile(tool: Tool, target: pathlib.Path, log: pathlib.Path) -> None:
     started = time.monotonic()
     estimate = _expected_seconds(tool)
     how_long = f"about {estimate[0]:.0f}s, as {estimate[1]}" if estimate else "cold builds take minutes"
-    _log(f"building {tool.name} {tool.version} from {tool.module} ({how_long}; log: {log})")
+    progress(f"building {tool.name} {tool.version} from {tool.module} ({how_long}; log: {log})")
     with tempfile.TemporaryDirectory(prefix=f"rf-build-{tool.name}-") as tmp:
         workdir = pathlib.Path(tmp)
         (workdir / "go.mod").write_text(_wrapper_gomod(tool, workdir, log))
         # `go get -tool` records the package as a tool of the wrapper and resolves the whole graph.
-        _go(["get", "-tool", f"{tool.package}@{tool.version}"], workdir, log)
+        run_go(["get", "-tool", f"{tool.package}@{tool.version}"], workdir, log)
         staging = target.with_suffix(".partial")
         target.parent.mkdir(parents=True, exist_ok=True)
         args = ["build", "-trimpath", "-o", str(staging)]
@@ -305,11 +305,11 @@ def _compile(tool: Tool, target: pathlib.Path, log: pathlib.Path) -> None:
         else:
             args += ["-ldflags", "-s -w"]
         left = estimate[0] - (time.monotonic() - started) if estimate else None  # the download is done
-        _go([*args, tool.package], workdir, log, expected=left)
+        run_go([*args, tool.package], workdir, log, expected=left)
         staging.rename(target)
     seconds = time.monotonic() - started
-    _record_seconds(tool, seconds)
-    _log(f"built {tool.name} in {seconds:.0f}s -> {target}")
+    record_seconds(tool, seconds)
+    progress(f"built {tool.name} in {seconds:.0f}s -> {target}")
 
 
 def _write_assets(tool: Tool, log: pathlib.Path) -> None:
@@ -317,7 +317,7 @@ def _write_assets(tool: Tool, log: pathlib.Path) -> None:
         return
     with tempfile.TemporaryDirectory(prefix=f"rf-assets-{tool.name}-") as tmp:
         download = ["mod", "download", "-json", f"{tool.module}@{tool.version}"]
-        info = json.loads(_go(download, pathlib.Path(tmp), log))
+        info = json.loads(run_go(download, pathlib.Path(tmp), log))
     source = pathlib.Path(info["Dir"])
     for asset, parts in tool.assets:
         documents = [(source / part).read_text().strip() + "\n" for part in parts]
@@ -334,7 +334,7 @@ def ensure(names: tuple[str, ...] | list[str] = CONTROL_PLANE, force: bool = Fal
     for index, name in enumerate(names, start=1):
         # Quiet when warm: a test session or `sandbox up` should not print a line per cached binary.
         if force or not _complete(TOOLS[name]):
-            _log(f"[{index}/{len(names)}] {name}: building")
+            progress(f"[{index}/{len(names)}] {name}: building")
         paths[name] = build(name, force=force)
     return paths
 
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for name, path in paths.items():
         print(f"{name}\t{path}")
-    _log(f"done in {(datetime.datetime.now() - started).total_seconds():.0f}s")
+    progress(f"done in {(datetime.datetime.now() - started).total_seconds():.0f}s")
     return 0
 
 

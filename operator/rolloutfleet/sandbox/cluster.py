@@ -58,7 +58,7 @@ def _stderr(message: str) -> None:
     print(f"[sandbox] {message}", file=sys.stderr, flush=True)
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     # Hold all sockets open until every port is picked so that the ports are distinct.
     with contextlib.ExitStack() as stack:
         socks = [stack.enter_context(socket.socket()) for _ in range(count)]
@@ -267,7 +267,7 @@ class Cluster:
         self.directory.mkdir(parents=True, exist_ok=True)
         pki = certs.ensure_pki(self.directory / "pki", SERVICE_IP)
         _sweep_stale_data_dirs()
-        ports = dict(zip(_PORTS, _free_ports(len(_PORTS)), strict=True))
+        ports = dict(zip(_PORTS, free_ports(len(_PORTS)), strict=True))
         data_dir = tempfile.mkdtemp(prefix=f"rolloutfleet-etcd-{self.name}-", dir=_tmpfs() or self.directory)
         state: dict[str, Any] = {
             "name": self.name,

@@ -194,7 +194,7 @@ def rewrite_gomod(text: str, pins: tuple[tuple[str, str], ...] = ()) -> GoModRew
 
 
 def _expected_seconds(controller: Controller) -> float:
-    recorded = binaries._recorded_seconds().get(f"{controller.name}-{controller.version}")
+    recorded = binaries.recorded_seconds().get(f"{controller.name}-{controller.version}")
     return float(recorded) if isinstance(recorded, int | float) else controller.reference_seconds
 
 
@@ -213,7 +213,7 @@ def build(controller: Controller, force: bool = False) -> pathlib.Path:
         return target
     if shutil.which("go") is None:
         raise binaries.BuildError("the go command is not on PATH; Go >= 1.26 is needed to build Flux")
-    with binaries._locked(tool_key(controller)):
+    with binaries.locked(tool_key(controller)):
         if _complete(controller) and not force:  # built by whoever held the lock before us
             return target
         logs = binaries.cache_root() / "logs"
@@ -226,11 +226,11 @@ def _compile(controller: Controller, target: pathlib.Path, log: pathlib.Path) ->
     log.write_text("")
     started = time.monotonic()
     expected = _expected_seconds(controller)
-    binaries._log(f"building {controller.name} {controller.version} (about {expected:.0f}s; log: {log})")
+    binaries.progress(f"building {controller.name} {controller.version} (about {expected:.0f}s; log: {log})")
     with tempfile.TemporaryDirectory(prefix=f"rf-build-{controller.name}-") as tmp:
         workdir = pathlib.Path(tmp)
         download = ["mod", "download", "-json", f"{controller.module}@{controller.version}"]
-        info = json.loads(binaries._go(download, workdir, log))
+        info = json.loads(binaries.run_go(download, workdir, log))
         source = workdir / "src"
         shutil.copytree(info["Dir"], source, symlinks=True)
         _make_writable(source)
@@ -241,7 +241,9 @@ def _compile(controller: Controller, target: pathlib.Path, log: pathlib.Path) ->
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = target.with_name(target.name + ".partial")
         left = expected - (time.monotonic() - started)
-        binaries._go(["build", "-trimpath", "-ldflags", "-s -w", "-o", str(staging), "."], source, log, expected=left)
+        binaries.run_go(
+            ["build", "-trimpath", "-ldflags", "-s -w", "-o", str(staging), "."], source, log, expected=left
+        )
         crds = crd_dir(controller)
         partial = crds.with_name("crds.partial")
         shutil.rmtree(partial, ignore_errors=True)
@@ -252,8 +254,8 @@ def _compile(controller: Controller, target: pathlib.Path, log: pathlib.Path) ->
         partial.rename(crds)
         staging.rename(target)
     seconds = time.monotonic() - started
-    binaries._record_seconds(tool_key(controller), seconds)
-    binaries._log(f"built {controller.name} in {seconds:.0f}s -> {target}")
+    binaries.record_seconds(tool_key(controller), seconds)
+    binaries.progress(f"built {controller.name} in {seconds:.0f}s -> {target}")
 
 
 def tool_key(controller: Controller) -> binaries.Tool:
@@ -341,7 +343,7 @@ class Flux:
         paths = ensure()
         install_crds(self.kubeconfig)
         names = ("storage", "source_metrics", "source_health", "kustomize_metrics", "kustomize_health")
-        self.ports = dict(zip(names, cluster._free_ports(len(names)), strict=True))
+        self.ports = dict(zip(names, cluster.free_ports(len(names)), strict=True))
         storage = self.directory / "storage"
         storage.mkdir(parents=True, exist_ok=True)
         common = ["--enable-leader-election=false", "--watch-all-namespaces=true", "--log-level=info"]

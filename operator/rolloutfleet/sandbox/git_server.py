@@ -276,7 +276,7 @@ class GitServerProcess:
     def start(self, timeout: float = 20.0) -> None:
         from rolloutfleet.sandbox import cluster  # a free loopback port, picked like the cluster's
 
-        (self.port,) = cluster._free_ports(1)
+        (self.port,) = cluster.free_ports(1)
         argv = [sys.executable, "-m", "rolloutfleet.sandbox.git_server", "--root", str(self.root)]
         argv += ["--port", str(self.port), "--log", str(self.log)]
         self._proc, self._record = processes.spawn("git-server", argv, self.log, tie_to_parent=self.tie_to_parent)
