@@ -316,6 +316,8 @@ def fleet_spec(
     """
     from rolloutfleet.api.fleet import RolloutFleetSpec
 
+    if head_dtype not in ("float32", None):
+        raise ValueError(f"head_dtype {head_dtype!r}: the parity profile knows float32 or the model's own")
     root = os.path.commonpath([verifier, draft, tempfile.gettempdir()])
     body: dict[str, Any] = {
         "replicas": 1,
@@ -332,8 +334,6 @@ def fleet_spec(
         "parity": {"enabled": True, "fp32LmHead": head_dtype == "float32"},
         "extraArgs": _suite_extra_args(gpu_memory_utilization, max_model_len),
     }
-    if head_dtype not in ("float32", None):
-        raise ValueError(f"head_dtype {head_dtype!r}: the parity profile knows float32 or the model's own")
     if transfer_backend is not None:
         body["weightTransfer"] = {"backend": transfer_backend}
     return RolloutFleetSpec.model_validate(body)

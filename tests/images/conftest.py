@@ -3,8 +3,8 @@
 Run by ``scripts/images.sh test`` (and so by ``make images`` and CI) right after it built both images; there
 ``ROLLOUTFLEET_IMAGES_REQUIRED=1`` turns every skip below into a failure, so a broken build cannot pass as
 skipped. Elsewhere (`pytest -m images` without podman or without the images; `make test` deselects the marker)
-the tests skip and say
-why. Images: ``ROLLOUTFLEET_OPERATOR_IMAGE`` / ``ROLLOUTFLEET_WORKER_IMAGE``, else the script's tags.
+the tests skip and say why. Images: ``ROLLOUTFLEET_OPERATOR_IMAGE`` / ``ROLLOUTFLEET_WORKER_IMAGE``, else the
+script's tags.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -30,6 +31,8 @@ READ_ONLY = ["--read-only", "--read-only-tmpfs=false", "--tmpfs", "/tmp"]
 
 _serial = itertools.count()
 Runner = Callable[..., subprocess.CompletedProcess[str]]
+Probe = Callable[..., dict[str, Any]]
+PROBE = (pathlib.Path(__file__).parent / "probe.py").read_text()
 
 
 def _unavailable(reason: str) -> None:
@@ -104,3 +107,17 @@ def inspect(podman: tuple[str, dict[str, str]]) -> Callable[[str], dict[str, Any
         return found
 
     return _inspect
+
+
+@pytest.fixture(scope="session")
+def probe(run: Runner) -> Probe:
+    """``probe(image, modules, entrypoint=..., options=())``: probe.py run inside ``image`` (what each module's
+    import gives, the files of site-packages and of the whole root filesystem, the uid, the writable paths)."""
+
+    def _probe(image: str, modules: list[str], *, entrypoint: str, options: tuple[str, ...] = ()) -> dict[str, Any]:
+        done = run(image, "-c", PROBE, json.dumps(modules), entrypoint=entrypoint, options=options)
+        assert done.returncode == 0, done.stderr
+        found: dict[str, Any] = json.loads(done.stdout)
+        return found
+
+    return _probe

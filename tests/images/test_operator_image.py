@@ -7,8 +7,6 @@ import attempt inside the container and by a listing of its files.
 
 from __future__ import annotations
 
-import json
-import pathlib
 import subprocess
 from collections.abc import Callable
 from typing import Any
@@ -17,10 +15,11 @@ import pytest
 
 pytestmark = pytest.mark.images
 
-# The ``run`` fixture of conftest.py: one ``podman run --rm`` of an image, read-only, without network.
+# The ``run`` and ``probe`` fixtures of conftest.py: one ``podman run --rm`` of an image (read-only, without
+# network), and probe.py's report from inside it.
 Runner = Callable[..., subprocess.CompletedProcess[str]]
+Probe = Callable[..., dict[str, Any]]
 
-PROBE = (pathlib.Path(__file__).parent / "probe.py").read_text()
 SHIPPED = ["rolloutfleet", "rolloutfleet.cli", "rolloutfleet.reconcile", "rolloutfleet_digest", "kopf", "kubernetes"]
 NOT_SHIPPED = ["rolloutfleet.sim", "rolloutfleet.sandbox", "rolloutfleet_worker", "torch", "vllm"]
 # The image's user: numeric, so the kubelet can verify runAsNonRoot (the chart sets runAsUser to the same).
@@ -28,11 +27,8 @@ OPERATOR_UID = 65532
 
 
 @pytest.fixture(scope="module")
-def probed(run: Runner, operator_image: str) -> dict[str, Any]:
-    done = run(operator_image, "-c", PROBE, json.dumps(SHIPPED + NOT_SHIPPED), entrypoint="python")
-    assert done.returncode == 0, done.stderr
-    found: dict[str, Any] = json.loads(done.stdout)
-    return found
+def probed(probe: Probe, operator_image: str) -> dict[str, Any]:
+    return probe(operator_image, SHIPPED + NOT_SHIPPED, entrypoint="python")
 
 
 def test_the_operator_and_its_dependencies_import(probed: dict[str, Any]) -> None:

@@ -7,9 +7,7 @@ other module of the worker package must, including the ones vLLM loads by name (
 
 from __future__ import annotations
 
-import json
 import pathlib
-import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -17,10 +15,9 @@ import pytest
 
 pytestmark = pytest.mark.images
 
-# The ``run`` fixture of conftest.py: one ``podman run --rm`` of an image, read-only, without network.
-Runner = Callable[..., subprocess.CompletedProcess[str]]
+# The ``probe`` fixture of conftest.py: probe.py's report from inside an image.
+Probe = Callable[..., dict[str, Any]]
 
-PROBE = (pathlib.Path(__file__).parent / "probe.py").read_text()
 SOURCE = pathlib.Path(__file__).resolve().parents[2] / "worker_image" / "rolloutfleet_worker"
 WORKER_MODULES = sorted(f"rolloutfleet_worker.{p.stem}" for p in SOURCE.glob("*.py") if p.stem != "__init__")
 # What vLLM's image brings and the stand-in base does not: the only modules a worker module may miss here.
@@ -32,12 +29,9 @@ NON_ROOT = "65532:65532"  # any uid but 0: the image must not need root to impor
 
 
 @pytest.fixture(scope="module")
-def probed(run: Runner, worker_image: str) -> dict[str, Any]:
+def probed(probe: Probe, worker_image: str) -> dict[str, Any]:
     modules = ["rolloutfleet_worker", *WORKER_MODULES, *ENTRY_POINTS, *OPERATOR]
-    done = run(worker_image, "-c", PROBE, json.dumps(modules), entrypoint="python3", options=("--user", NON_ROOT))
-    assert done.returncode == 0, done.stderr
-    found: dict[str, Any] = json.loads(done.stdout)
-    return found
+    return probe(worker_image, modules, entrypoint="python3", options=("--user", NON_ROOT))
 
 
 def test_the_entry_points_import(probed: dict[str, Any]) -> None:

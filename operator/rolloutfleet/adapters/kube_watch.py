@@ -52,21 +52,12 @@ def pod_projection(obj: Manifest) -> Manifest:
 
 
 class WatchedList:
-    """The objects at ``path`` (a collection) matching ``selector``, by name, as ``project`` keeps them; see
-    the module docstring."""
+    """The pods at ``path`` matching ``selector``, by name, as :func:`pod_projection` keeps them; see the
+    module docstring."""
 
-    def __init__(
-        self,
-        http: KubeHTTP,
-        path: str,
-        selector: str,
-        *,
-        on_request: Callable[[str], None],
-        project: Callable[[Manifest], Manifest] = pod_projection,
-    ) -> None:
+    def __init__(self, http: KubeHTTP, path: str, selector: str, *, on_request: Callable[[str], None]) -> None:
         self.http, self.path, self.selector = http, path, selector
         self._on_request = on_request
-        self._project = project
         self.items: dict[str, Manifest] = {}
         self.version = ""
         self.open = False  # the watch stream is established: every change since ``version`` arrives
@@ -88,7 +79,7 @@ class WatchedList:
 
     def seed(self, listing: Manifest) -> None:
         """A fresh list's answer: the objects and the version to watch from; (re)starts the watch."""
-        self.items = {str(o["metadata"]["name"]): self._project(o) for o in listing.get("items") or []}
+        self.items = {str(o["metadata"]["name"]): pod_projection(o) for o in listing.get("items") or []}
         self.version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
         self.last_read = time.monotonic()
         if self.forbidden or not self.version:
@@ -155,7 +146,7 @@ class WatchedList:
         if kind == "DELETED":
             self.items.pop(name, None)
         else:  # ADDED, MODIFIED
-            self.items[name] = self._project(obj)
+            self.items[name] = pod_projection(obj)
         return True
 
 

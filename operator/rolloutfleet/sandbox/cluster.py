@@ -67,6 +67,32 @@ def free_ports(count: int) -> list[int]:
         return [sock.getsockname()[1] for sock in socks]
 
 
+def kubectl(
+    kubeconfig: pathlib.Path, *args: str, stdin: str | None = None, timeout: float = 90.0
+) -> subprocess.CompletedProcess[str]:
+    """The cached kubectl against ``kubeconfig`` (built on first use); the caller reads the return code."""
+    binary = str(binaries.ensure(("kubectl",))["kubectl"])
+    command = [binary, f"--kubeconfig={kubeconfig}", *args]
+    return subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def apply_crds(
+    kubeconfig: pathlib.Path, paths: list[pathlib.Path], *, field_manager: str, timeout: float = 60.0
+) -> list[str]:
+    """Server-side apply CRD files or directories of them (the way docs/install.md applies the chart's: some
+    are too large for client-side apply's annotation) and wait until every one is Established; returns their
+    names. ``ClusterError`` with kubectl's message when either step fails."""
+    files = [f for p in paths for f in (sorted(p.glob("*.yaml")) if p.is_dir() else [p])]
+    names = [str(doc["metadata"]["name"]) for f in files for doc in yaml.safe_load_all(f.read_text()) if doc]
+    apply = ["apply", "--server-side", "--force-conflicts", f"--field-manager={field_manager}"]
+    wait = ["wait", "--for=condition=Established", f"--timeout={int(timeout)}s", *(f"crd/{n}" for n in names)]
+    for args in ([*apply, *(a for f in files for a in ("-f", str(f)))], wait):
+        done = kubectl(kubeconfig, *args, timeout=timeout + 30)
+        if done.returncode != 0:
+            raise ClusterError(f"kubectl {args[0]} of {len(names)} CRDs failed: {done.stderr.strip()}")
+    return names
+
+
 def _tmpfs() -> pathlib.Path | None:
     shm = pathlib.Path("/dev/shm")  # noqa: S108 -- tmpfs on purpose; the data dir itself is mkdtemp-private
     return shm if shm.is_dir() and shm.stat().st_mode & 0o002 else None

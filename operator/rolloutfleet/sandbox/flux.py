@@ -278,20 +278,13 @@ def crd_files() -> list[pathlib.Path]:
 def install_crds(kubeconfig: pathlib.Path, *, timeout: float = 60.0) -> list[str]:
     """Server-side apply Flux's CRDs (they are too large for client-side apply's annotation) and wait
     until they are Established; returns their names."""
-    kubectl = str(binaries.ensure(("kubectl",))["kubectl"])
     files = crd_files()
     if not files:
         raise FluxError("no Flux CRDs in the cache; build the controllers first (flux.ensure())")
-    names = [str(yaml.safe_load(path.read_text())["metadata"]["name"]) for path in files]
-    apply = [kubectl, f"--kubeconfig={kubeconfig}", "apply", "--server-side", "--force-conflicts"]
-    apply += [f"--field-manager={FIELD_MANAGER}", *(arg for p in files for arg in ("-f", str(p)))]
-    wait = [kubectl, f"--kubeconfig={kubeconfig}", "wait", "--for=condition=Established"]
-    wait += [f"--timeout={int(timeout)}s", *(f"crd/{n}" for n in names)]
-    for command in (apply, wait):
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout + 30, check=False)
-        if done.returncode != 0:
-            raise FluxError(f"{' '.join(command[2:4])} of the Flux CRDs failed: {done.stderr.strip()}")
-    return names
+    try:
+        return cluster.apply_crds(kubeconfig, files, field_manager=FIELD_MANAGER, timeout=timeout)
+    except cluster.ClusterError as err:
+        raise FluxError(f"the Flux CRDs: {err}") from err
 
 
 # -- running the controllers ----------------------------------------------------------------------------
@@ -500,27 +493,12 @@ def start_for_cluster(local: cluster.Cluster, *, tie_to_parent: bool) -> Sandbox
             message="an empty fleet",
         )
         url = f"{git.url}/fleet.git"
-        kubectl = str(binaries.ensure(("kubectl",))["kubectl"])
         objects = [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
             git_repository("sandbox", NAMESPACE, url),
         ]
-        applied = subprocess.run(
-            [
-                kubectl,
-                f"--kubeconfig={local.kubeconfig}",
-                "apply",
-                "--server-side",
-                f"--field-manager={FIELD_MANAGER}",
-                "-f",
-                "-",
-            ],
-            input=yaml.safe_dump_all(objects),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        apply = ["apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f", "-"]
+        applied = cluster.kubectl(local.kubeconfig, *apply, stdin=yaml.safe_dump_all(objects), timeout=60)
         if applied.returncode != 0:
             raise FluxError(f"applying the sandbox GitRepository failed: {applied.stderr.strip()}")
         sync = root / "sandbox-sync.yaml"

@@ -30,7 +30,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-from rolloutfleet.sandbox import processes, waiting
+from rolloutfleet.sandbox import cluster, processes, waiting
 
 HOST = "127.0.0.1"
 BRANCH = "main"
@@ -104,13 +104,15 @@ class WorkingCopy:
         """Commit everything and push to main; returns the commit's sha (what Flux reports as applied)."""
         git("add", "--all", cwd=self.directory)
         git("commit", "--quiet", "--allow-empty", "-m", message, cwd=self.directory)
-        git("push", "--quiet", "origin", f"HEAD:{BRANCH}", cwd=self.directory)
-        return git("rev-parse", "HEAD", cwd=self.directory).strip()
+        return self._push()
 
     def revert_last(self, message: str) -> str:
         """Undo the last commit with a new one (history is never rewritten under Flux) and push it."""
         git("revert", "--no-edit", "HEAD", cwd=self.directory)
         git("commit", "--quiet", "--amend", "-m", message, cwd=self.directory)  # the revert's own message
+        return self._push()
+
+    def _push(self) -> str:
         git("push", "--quiet", "origin", f"HEAD:{BRANCH}", cwd=self.directory)
         return git("rev-parse", "HEAD", cwd=self.directory).strip()
 
@@ -274,8 +276,6 @@ class GitServerProcess:
         return self._record
 
     def start(self, timeout: float = 20.0) -> None:
-        from rolloutfleet.sandbox import cluster  # a free loopback port, picked like the cluster's
-
         (self.port,) = cluster.free_ports(1)
         argv = [sys.executable, "-m", "rolloutfleet.sandbox.git_server", "--root", str(self.root)]
         argv += ["--port", str(self.port), "--log", str(self.log)]

@@ -1,7 +1,8 @@
 """Start ``rolloutfleet run`` against a local cluster (sandbox demo, tests, benches): a process or its image.
 
-Called by ``sandbox.demo``, the integration fixtures and ``bench/``. The operator watches every namespace,
-runs standalone (no peering), logs to a file, and lives in its own session so it can be killed as a group.
+Called by ``sandbox.demo``, the integration fixtures and ``bench/``. The operator watches every namespace
+(or those given), runs standalone (no peering), logs to a file, and lives in its own session so it can be
+killed as a group.
 
 By default it is a child process of this Python. With ``image`` (or ``ROLLOUTFLEET_OPERATOR_IMAGE`` in the
 environment) it is the operator *container*, run by podman the way the chart runs it: read-only root
@@ -57,12 +58,14 @@ def start(
     env: dict[str, str] | None = None,
     metrics_port: int = 0,
     image: str | None = None,
+    namespaces: list[str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """The operator as a subprocess (or, with an image, as its container); fast resync settings unless
-    ``env`` overrides them."""
+    ``env`` overrides them. It watches every namespace, or only ``namespaces``."""
     settings = {"ROLLOUTFLEET_RESYNC_SECONDS": "2", "ROLLOUTFLEET_IDLE_SECONDS": "1", "PYTHONUNBUFFERED": "1"}
     settings.update(env or {})
-    arguments = ["--all-namespaces", "--standalone", "--metrics-port", str(metrics_port), "--liveness", ""]
+    scope = ["--all-namespaces"] if namespaces is None else [a for n in namespaces for a in ("--namespace", n)]
+    arguments = [*scope, "--standalone", "--metrics-port", str(metrics_port), "--liveness", ""]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     image = image if image is not None else os.environ.get(IMAGE_ENV) or None
     if image:

@@ -32,38 +32,22 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests" / "integration" / "operator"))
 sys.path.insert(0, str(REPO / "tests" / "chart"))
 
-from chart_support import CRD_DIRS, operator_container, tool  # noqa: E402
+from chart_support import CRD_DIRS, operator_container  # noqa: E402
 from operator_helpers import GROUP, VERSION, fleet_manifest  # noqa: E402
 from sim_harness import write_checkpoint  # noqa: E402
 
 from rolloutfleet.digest import digest_directory  # noqa: E402
+from rolloutfleet.sandbox import cluster  # noqa: E402
 
 
 def kubectl(kubeconfig: pathlib.Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [tool("kubectl"), f"--kubeconfig={kubeconfig}", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return cluster.kubectl(kubeconfig, *args, stdin=stdin, timeout=60)
 
 
 @pytest.fixture(scope="session")
 def chart_crds(kubeconfig_path: pathlib.Path) -> list[str]:
     """The chart's CRDs and kopf's peering CRDs, server-side applied (the documented upgrade remedy)."""
-    args = ["apply", "--server-side", "--force-conflicts", "--field-manager=rolloutfleet-chart-tests"]
-    for directory in CRD_DIRS:
-        args += ["-f", str(directory)]
-    out = kubectl(kubeconfig_path, *args)
-    assert out.returncode == 0, out.stderr
-    names = [line.split()[0].split("/", 1)[1] for line in out.stdout.splitlines() if line.strip()]
-    wait = kubectl(
-        kubeconfig_path, "wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{n}" for n in names)
-    )
-    assert wait.returncode == 0, wait.stderr
-    return names
+    return cluster.apply_crds(kubeconfig_path, list(CRD_DIRS), field_manager="rolloutfleet-chart-tests")
 
 
 def service_account_kubeconfig(

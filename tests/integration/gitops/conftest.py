@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import os
 import pathlib
-import subprocess
 import sys
 import time
 import uuid
@@ -37,10 +36,10 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests" / "integration" / "operator"))
 
 from operator_helpers import weights_volume  # noqa: E402
-from operator_process import OperatorProcess, stop_operator  # noqa: E402
+from operator_process import OperatorProcess, start_operator, stop_operator  # noqa: E402
 from sim_harness import FollowerThread, write_checkpoint  # noqa: E402
 
-from rolloutfleet.sandbox import binaries, cluster, flux, git_server, waiting  # noqa: E402
+from rolloutfleet.sandbox import cluster, flux, git_server, waiting  # noqa: E402
 
 FLEET = "pol"
 SOURCE = ("source.toolkit.fluxcd.io", "v1", "gitrepositories")
@@ -105,32 +104,8 @@ class GitOps:
 
 def apply_chart_crds(kubeconfig: pathlib.Path) -> None:
     """The chart's CRDs, the way docs/install.md tells users to apply them (server-side)."""
-    kubectl = str(binaries.ensure(("kubectl",))["kubectl"])
     crds = REPO / "charts" / "rolloutfleet" / "crds"
-    args = ["apply", "--server-side", "--force-conflicts", "--field-manager=rolloutfleet-gitops-tests", "-f", str(crds)]
-    done = subprocess.run([kubectl, f"--kubeconfig={kubeconfig}", *args], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    names = [f"crd/{yaml.safe_load(p.read_text())['metadata']['name']}" for p in sorted(crds.glob("*.yaml"))]
-    wait = [kubectl, f"--kubeconfig={kubeconfig}", "wait", "--for=condition=Established", "--timeout=60s", *names]
-    done = subprocess.run(wait, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-
-
-def start_namespaced_operator(kubeconfig: pathlib.Path, namespace: str, log: pathlib.Path) -> OperatorProcess:
-    """``rolloutfleet run`` watching ``namespace`` only: an all-namespaces operator of another tier's
-    session may be running too, and two operators on one fleet would race."""
-    env = dict(
-        os.environ,
-        KUBECONFIG=str(kubeconfig),
-        ROLLOUTFLEET_RESYNC_SECONDS="2",
-        ROLLOUTFLEET_IDLE_SECONDS="5",
-        PYTHONUNBUFFERED="1",
-    )
-    command = [sys.executable, "-m", "rolloutfleet.cli", "run", "--namespace", namespace, "--standalone"]
-    command += ["--metrics-port", "0", "--liveness", ""]
-    with log.open("ab") as sink:
-        proc = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    return OperatorProcess(proc, log)
+    cluster.apply_crds(kubeconfig, [crds], field_manager="rolloutfleet-gitops-tests")
 
 
 def published_sync(namespace: str) -> dict[str, Any]:
@@ -181,7 +156,9 @@ def gitops(
         stack.callback(core.delete_namespace, namespace, propagation_policy="Background")
         weights_volume(k8s_api, namespace)
         stack.callback(core.delete_persistent_volume, f"{namespace}-ckpt")
-        operator = start_namespaced_operator(kubeconfig_path, namespace, work / "operator.log")
+        # This namespace only: an all-namespaces operator of another tier's session may be running too, and
+        # two operators on one fleet would race.
+        operator = start_operator(kubeconfig_path, work / "operator.log", namespaces=[namespace])
         stack.callback(stop_operator, operator)
         engines = FollowerThread(k8s_api, namespace, FLEET)
         stack.callback(engines.stop)

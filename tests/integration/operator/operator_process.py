@@ -23,10 +23,13 @@ class OperatorProcess:
 
 
 def start_operator(
-    kubeconfig: pathlib.Path, log_path: pathlib.Path, extra_env: dict[str, str] | None = None
+    kubeconfig: pathlib.Path,
+    log_path: pathlib.Path,
+    extra_env: dict[str, str] | None = None,
+    namespaces: list[str] | None = None,
 ) -> OperatorProcess:
     env = {"ROLLOUTFLEET_IDLE_SECONDS": "5", **(extra_env or {})}
-    return OperatorProcess(sandbox_operator.start(kubeconfig, log_path, env=env), log_path)
+    return OperatorProcess(sandbox_operator.start(kubeconfig, log_path, env=env, namespaces=namespaces), log_path)
 
 
 def stop_operator(op: OperatorProcess, sig: int = signal.SIGTERM) -> None:
