@@ -8,6 +8,7 @@ difference between the two is a simulator bug. Assertions go through the operato
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import pathlib
 import time
@@ -27,7 +28,7 @@ from contract_support import (
 )
 
 from rolloutfleet.adapters.engine import EngineClient
-from rolloutfleet.adapters.engine_wire import EngineRPCError
+from rolloutfleet.adapters.engine_wire import Call, EngineRPCError, load_result_from_wire
 from rolloutfleet_digest import digest_directory
 
 pytestmark = pytest.mark.contract
@@ -500,3 +501,59 @@ async def test_the_observation_needs_the_bearer_token(target: Target) -> None:
     for token in (None, "wrong"):
         status, headers, _ = await call(target, "GET", OBSERVE_PATH, token=token)
         assert status == 401 and headers.get("WWW-Authenticate") == "Bearer", token
+
+
+# --- a step's calls in one request (POST /rolloutfleet/sequence; rolloutfleet_worker.sequence) -----------
+
+RESET = Call("/reset_prefix_cache", "reset_prefix_cache", query=(("reset_running_requests", "true"),))
+RESUME = Call("/resume", "resume")
+
+
+async def test_a_resume_sequence_runs_each_call_as_on_its_own(target: Target, engine: EngineClient) -> None:
+    """The resume of issue 17 in one request: guarded by what the operator saw, then reset and resume."""
+    w = target.weights
+    await load_pair(engine, w.verifier_a, w.draft_a, 1)
+    await engine.pause(mode="keep", clear_cache=False)
+    known = await engine.observe()
+    answer = await engine.sequence([RESET, RESUME], known=known)
+    assert answer is not None, "the image has no /rolloutfleet/sequence"
+    assert answer.held is None and len(answer.parts) == 2
+    assert engine.part(answer, 0, RESET) == {"success": True}
+    assert answer.instance == known.instance
+    assert not await engine.is_paused()
+    status, body = await complete(target, max_tokens=2)
+    assert status == 200, body
+
+
+async def test_the_sequence_guard_runs_nothing_on_weights_or_a_process_not_seen(
+    target: Target, engine: EngineClient
+) -> None:
+    w = target.weights
+    await load_pair(engine, w.verifier_a, w.draft_a, 1)
+    await engine.pause(mode="keep", clear_cache=False)
+    known = await engine.observe()
+    other_bytes = dataclasses.replace(known, verifier=dataclasses.replace(known.verifier, digest="blake3:" + "0" * 64))
+    for stale, held in ((other_bytes, "state"), (dataclasses.replace(known, instance="0" * 16), "instance")):
+        answer = await engine.sequence([RESET, RESUME], known=stale)
+        assert answer is not None and answer.held == held and answer.parts == (), held
+        assert await engine.is_paused(), f"resumed although the guard ({held}) did not hold"
+    await engine.resume()
+
+
+async def test_a_failed_call_ends_the_sequence(target: Target, engine: EngineClient) -> None:
+    """An extension error (an RPC answered 200 with ``ok: false``) stops what follows: nothing paused here."""
+    bad = {
+        "method": "rolloutfleet_load",
+        "args": [],
+        "kwargs": {"target": "verifier", "path": "relative", "revision": 3},
+    }
+    calls = [
+        Call("/collective_rpc", "rolloutfleet_load:verifier", json=bad),
+        Call("/pause", "pause", query=(("mode", "keep"),)),
+    ]
+    answer = await engine.sequence(calls)
+    assert answer is not None and len(answer.parts) == 1
+    with pytest.raises(EngineRPCError) as err:
+        load_result_from_wire(engine.rpc_part(answer, 0, calls[0]), url=engine.base_url, step=calls[0].step)
+    assert err.value.code == "invalid_path"
+    assert not await engine.is_paused()

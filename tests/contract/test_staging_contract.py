@@ -23,7 +23,8 @@ import pytest
 from contract_support import Target, complete, header_totals, write_checkpoint
 
 from rolloutfleet.adapters.engine import EngineClient
-from rolloutfleet.adapters.engine_wire import EngineRPCError
+from rolloutfleet.adapters.engine_wire import EngineRPCError, load_result_from_wire
+from rolloutfleet.api import engine as api
 from rolloutfleet.api.engine import StagePhase, StageState
 from rolloutfleet_digest import digest_directory
 
@@ -298,3 +299,43 @@ async def test_a_corrupt_checkpoint_fails_its_stage(
     assert stage.verifier.digest is None
     assert await refused(engine, "verifier", path, 2) == "not_staged"
     assert await engine.unstage() == 0  # a failed stage holds no memory
+
+
+async def test_one_sequence_commits_the_verifier_then_the_draft(target: Target, engine: EngineClient) -> None:
+    """Issue 17: the commit of both targets in one request, the draft only after the verifier's commit."""
+    w = target.weights
+    await fresh(engine)
+    await load_pair(engine, w.verifier_a, w.draft_a, 1)
+    await engine.stage(2, w.verifier_b, w.draft_b)
+    stage = await settled(engine)
+    assert stage.draft is not None
+    await engine.pause(mode="keep", clear_cache=False)
+    # A verifier commit that is refused (not the staged path) stops the sequence: the draft is not committed.
+    wrong = [
+        engine.commit_call(api.Target.VERIFIER, w.verifier_a, 2, deadline=60),
+        engine.commit_call(api.Target.DRAFT, w.draft_b, 2, deadline=60),
+    ]
+    answer = await engine.sequence(wrong, loads=True, deadline=120)
+    assert answer is not None and len(answer.parts) == 1
+    with pytest.raises(EngineRPCError) as err:
+        load_result_from_wire(engine.rpc_part(answer, 0, wrong[0]), url=engine.base_url, step=wrong[0].step)
+    assert err.value.code == "not_staged"
+    held = (await engine.observe()).staged
+    assert held is not None and held.draft is not None and not held.verifier.committed and not held.draft.committed
+    both = [
+        engine.commit_call(api.Target.VERIFIER, w.verifier_b, 2, deadline=60),
+        engine.commit_call(api.Target.DRAFT, w.draft_b, 2, deadline=60),
+    ]
+    answer = await engine.sequence(both, loads=True, deadline=120)
+    assert answer is not None and len(answer.parts) == 2
+    v, d = (
+        load_result_from_wire(engine.rpc_part(answer, i, c), url=engine.base_url, step=c.step)
+        for i, c in enumerate(both)
+    )
+    assert (v.target, d.target) == (api.Target.VERIFIER, api.Target.DRAFT) and v.staged and d.staged
+    assert v.digest == stage.verifier.digest == digest_directory(w.verifier_b)
+    assert d.digest == stage.draft.digest == digest_directory(w.draft_b)
+    state = await engine.observe()
+    assert state.pair == (2, 2) and state.staged is None
+    await load_pair(engine, w.verifier_a, w.draft_a, 1)
+    await engine.resume()

@@ -24,7 +24,7 @@ from rolloutfleet.planning import transaction
 
 pytestmark = pytest.mark.gpu
 
-# vLLM 0.26 has no weight-version routes: the planner skips SetWeightVersion there (feature-detected).
+# vLLM 0.26 has no weight-version routes: the resume stamps no version there (feature-detected).
 # With ROLLOUTFLEET_GPU_STAGING=1: Stage first (while serving), commits instead of loads (``expected``).
 SLEEP_STEPS = expected(["Pause", "Sleep", "WakeWeights", "LoadVerifier", "LoadDraft", "Resume"])
 INFLIGHT_STEPS = expected(["Pause", "LoadVerifier", "LoadDraft", "Resume"])

@@ -11,7 +11,8 @@ It also serves the admission routes itself (``rolloutfleet_worker.admission``; v
 ``GET /rolloutfleet/ready`` is open (the pod's readiness probe, no token), ``POST /rolloutfleet/admit`` and
 ``POST /rolloutfleet/withdraw`` need the token like every control route and never reach vLLM. So does
 ``GET /rolloutfleet/observe`` (``rolloutfleet_worker.observation``): the operator's whole read of the engine
-in one request, answered by calling vLLM's own routes in process.
+in one request, answered by calling vLLM's own routes in process, and ``POST /rolloutfleet/sequence``
+(``rolloutfleet_worker.sequence``): the calls of one transaction step, guarded, in one request.
 
 The Secret can be replaced while engines run (kubelet swaps the mounted files in place): the file is
 checked again every ``CHECK_INTERVAL_SECONDS`` and before any refusal, and after a change the previous
@@ -31,7 +32,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any, Final
 
-from rolloutfleet_worker import admission, observation
+from rolloutfleet_worker import admission, observation, sequence
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -230,6 +231,9 @@ class ControlAuthMiddleware:
             return
         if authorized and kind == "http" and path == observation.OBSERVE_PATH:
             await observation.serve(self.app, self.admission, scope, send)
+            return
+        if authorized and kind == "http" and path == sequence.SEQUENCE_PATH:
+            await sequence.serve(self.app, self.admission, scope, receive, send)
             return
         if authorized:
             await self.app(scope, receive, send)

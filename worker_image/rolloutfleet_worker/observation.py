@@ -61,13 +61,14 @@ async def serve(app: ASGIApp, admitted: admission.Admission, scope: Scope, send:
         await _json(send, 405, {"error": {"message": "GET only", "type": "MethodNotAllowed", "code": 405}})
         return
     report = admitted.report()  # first: the instance named is at least as old as the weights read next
-    answers = await asyncio.gather(*(_read(app, scope, method, path, body) for _, method, path, body in READS))
+    answers = await asyncio.gather(*(call(app, scope, method, path, body) for _, method, path, body in READS))
     routes = {key: answer for (key, _, _, _), answer in zip(READS, answers, strict=True)}
     await _json(send, 200, {"admission": report, "routes": routes})
 
 
-async def _read(app: ASGIApp, outer: Scope, method: str, path: str, body: Any) -> dict[str, Any]:
-    """One route of this app, called in process; its status and decoded body."""
+async def call(app: ASGIApp, outer: Scope, method: str, path: str, body: Any, query: str = "") -> dict[str, Any]:
+    """One route of this app, called in process as the authenticated ``outer`` request would have called it;
+    its status and decoded body (``rolloutfleet_worker.sequence`` calls it too, with a query string)."""
     raw = b"" if body is None else json.dumps(body).encode()
     headers = [(k, v) for k, v in outer.get("headers", ()) if bytes(k).lower() in KEPT_HEADERS]
     if body is not None:
@@ -77,7 +78,7 @@ async def _read(app: ASGIApp, outer: Scope, method: str, path: str, body: Any) -
         "method": method,
         "path": path,
         "raw_path": path.encode(),
-        "query_string": b"",
+        "query_string": query.encode(),
         "headers": headers,
         # Per request: a route may write request.state, and the inner reads run concurrently.
         "state": dict(outer.get("state") or {}),
@@ -110,7 +111,7 @@ async def _read(app: ASGIApp, outer: Scope, method: str, path: str, body: Any) -
     try:
         await app(scope, receive, collect)
     except Exception as exc:  # what vLLM's server-error middleware (above ours) would have answered
-        log.warning("rolloutfleet: observation read %s failed: %s: %s", path, type(exc).__name__, exc)
+        log.warning("rolloutfleet: in-process call %s failed: %s: %s", path, type(exc).__name__, exc)
         return {"status": 500, "body": "Internal Server Error"}
     text = b"".join(chunks).decode("utf-8", "replace")
     decoded: Any = text

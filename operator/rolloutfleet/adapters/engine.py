@@ -77,6 +77,7 @@ __all__ = [
 OPEN_EXACT = frozenset({"/health", "/ping", "/metrics", "/version", "/v1", "/rolloutfleet/ready"})
 READY_PATH, ADMIT_PATH, WITHDRAW_PATH = "/rolloutfleet/ready", "/rolloutfleet/admit", "/rolloutfleet/withdraw"
 OBSERVE_PATH = "/rolloutfleet/observe"  # the whole observation in one request (rolloutfleet_worker.observation)
+SEQUENCE_PATH = "/rolloutfleet/sequence"  # a step's calls in one request (rolloutfleet_worker.sequence)
 OPEN_PREFIXES = ("/v1/", "/metrics/")
 RETRYABLE_STATUS = frozenset({502, 503, 504})
 T = TypeVar("T")
@@ -104,6 +105,7 @@ class EngineClient:
         rng: random.Random | None = None,
         unversioned: dict[str, float] | None = None,
         apart: dict[str, float] | None = None,
+        no_sequence: dict[str, float] | None = None,
         loads: LoadLedger | None = None,
         credentials: Credentials | None = None,
     ) -> None:
@@ -112,6 +114,8 @@ class EngineClient:
         self._unversioned = unversioned if unversioned is not None else {}
         # Shared likewise: engines whose image has no /rolloutfleet/observe (read with five requests).
         self._apart = apart if apart is not None else {}
+        # Shared likewise: engines whose image has no /rolloutfleet/sequence (a step's calls go apart).
+        self._no_sequence = no_sequence if no_sequence is not None else {}
         # Shared by the pool's clients (each reconcile pass makes new ones): loads of unknown outcome.
         self._loads = loads if loads is not None else LoadLedger()
         self._session = session
@@ -610,6 +614,82 @@ class EngineClient:
         )
         return dataclasses.replace(state, versioned=known.versioned, admitted=admitted, instance=instance)
 
+    # --- several calls of one step in one request (rolloutfleet_worker.sequence) ------------------------
+
+    async def sequence(
+        self,
+        calls: Sequence[wire.Call],
+        *,
+        known: api.EngineState | None = None,
+        loads: bool = False,
+        deadline: float | None = None,
+    ) -> wire.SequenceAnswer | None:
+        """``POST /rolloutfleet/sequence``: ``calls`` run one after the other inside the engine's process,
+        stopping after the first that failed; None for an image without the route (404, then remembered for
+        ``ENVELOPE_RECHECK_SECONDS``: the caller sends the calls apart).
+
+        ``known``: run the calls only if the engine is still that process and its extension still reports
+        the weights ``known`` holds (``guard_of``); otherwise nothing runs (``held``). ``loads``: the calls
+        change weights, guarded like ``load`` (not sent while an earlier load's outcome is unknown; their
+        outcome is unknown after a 5xx or a lost answer). Not retried: a step's calls are not idempotent.
+        """
+        if _believed(self._no_sequence, self.base_url, ENVELOPE_RECHECK_SECONDS):
+            return None
+        step = "sequence:" + "+".join(c.step for c in calls)
+        body: dict[str, Any] = {"calls": [c.to_wire() for c in calls]}
+        if known is not None and known.instance is not None:
+            body["instance"] = known.instance
+            body["expect"] = guard_of(known)
+        if loads:
+            since = self._loads.since(self.base_url)
+            if since is not None:
+                raise LoadOutcomeUnknown(
+                    f"not sent: an earlier load's outcome became unknown {self._loads.age(self.base_url):.0f}s "
+                    "ago (it may still be running); observe the engine first",
+                    since=since,
+                    url=self.base_url,
+                    step=step,
+                )
+        try:
+            answer = await self._call("POST", SEQUENCE_PATH, step=step, json=body, deadline=deadline)
+        except EngineHTTPError as exc:
+            if exc.status == 404:
+                self._no_sequence[self.base_url] = time.monotonic()
+                return None
+            if loads and exc.status >= 500:
+                self._loads.mark(self.base_url)
+            raise
+        except EngineUnreachable as exc:
+            if loads and exc.sent:
+                self._loads.mark(self.base_url)
+            raise
+        except EngineProtocolError:
+            raise
+        except BaseException:
+            if loads:  # a timeout, a cancelled call: the engine may be loading still
+                self._loads.mark(self.base_url)
+            raise
+        self._no_sequence.pop(self.base_url, None)
+        return wire.sequence_from_wire(answer, len(calls), url=self.base_url)
+
+    def commit_call(self, target: api.Target, path: str, revision: int, *, deadline: float) -> wire.Call:
+        """A staged load of ``target`` (``load(..., staged=True)``) as a call of a sequence."""
+        kwargs = {"target": str(target), "path": path, "revision": revision, "staged": True}
+        body = {"method": "rolloutfleet_load", "args": [], "kwargs": kwargs, "timeout": rpc_timeout_below(deadline)}
+        return wire.Call("/collective_rpc", f"rolloutfleet_load:{target}", json=body)
+
+    def part(self, answer: wire.SequenceAnswer, index: int, call: wire.Call) -> Any:
+        """The body call ``index`` of ``answer`` answered, or the error it would have raised on its own
+        (``EngineHTTPError`` for a status outside 2xx). A call that did not run is a bug of the caller."""
+        part = answer.parts[index]
+        if not 200 <= part["status"] < 300:
+            raise EngineHTTPError(part["status"], part.get("body"), url=self.base_url, step=call.step)
+        return part.get("body")
+
+    def rpc_part(self, answer: wire.SequenceAnswer, index: int, call: wire.Call) -> list[Any]:
+        """``part`` of a ``/collective_rpc`` call: its per-rank results."""
+        return _rpc_results(self.part(answer, index, call), self.base_url, call.step)
+
     # --- admission: the readiness probe's answer (worker_image/README.md, "Admission") ----------------
 
     async def admitted(self, *, deadline: float | None = None) -> bool | None:
@@ -879,6 +959,7 @@ class EnginePool:
         self._rng = random.Random()  # noqa: S311 - jitter only
         self._unversioned: dict[str, float] = {}
         self._apart: dict[str, float] = {}
+        self._no_sequence: dict[str, float] = {}
         self.loads = LoadLedger()
 
     def __repr__(self) -> str:
@@ -915,12 +996,29 @@ class EnginePool:
             rng=self._rng,
             unversioned=self._unversioned,
             apart=self._apart,
+            no_sequence=self._no_sequence,
             loads=self.loads,
             credentials=self.credentials,
         )
 
     def for_address(self, ip: str, port: int = 8000) -> EngineClient:
         return self.client(f"http://{ip}:{port}")
+
+
+def guard_of(known: api.EngineState) -> dict[str, Any]:
+    """What a sequence's guard expects every rank's ``rolloutfleet_state`` to hold: the weights ``known``
+    reports (revisions and digests, residency), and no open session. What else a decision reads (paused,
+    sleeping, the weight version) is what this client set and saw acknowledged; what the extension reports
+    can change behind it (another writer, a failed session), and a new process changes the instance."""
+    v = known.verifier
+    guard: dict[str, Any] = {
+        "resident": known.resident,
+        "verifier": {"revision": v.revision, "digest": v.digest},
+        "session": None,
+    }
+    d = known.draft
+    guard["draft"] = None if d is None else {"revision": d.revision, "digest": d.digest}
+    return guard
 
 
 def _instance(body: Any) -> str | None:

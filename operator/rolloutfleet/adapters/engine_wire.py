@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import urllib.parse
 from collections.abc import Callable
 from typing import Any, Literal, NotRequired, TypedDict, cast
 
@@ -545,3 +546,73 @@ def _short(body: Any, limit: int = 300) -> str:
 
 def _pick(obj: Any, *names: str) -> Any:
     return None if not isinstance(obj, dict) else [obj.get(n) for n in names]
+
+
+# --- POST /rolloutfleet/sequence (rolloutfleet_worker.sequence) ---------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One call of a sequence: a control route with its query and JSON body; ``step`` names it in errors."""
+
+    path: str
+    step: str
+    query: tuple[tuple[str, str], ...] = ()
+    json: Any = None
+    method: str = "POST"
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"method": self.method, "path": self.path}
+        if self.query:
+            out["query"] = urllib.parse.urlencode(self.query)
+        if self.json is not None:
+            out["json"] = self.json
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceAnswer:
+    """What a sequence did: ``held`` names the guard that stopped it (``instance``, ``state``) before any
+    call ran; ``parts`` holds the ``{"status", "body"}`` of each call that ran, in order (the calls stop
+    after the first failed one); ``state`` is the guard's read of ``rolloutfleet_state`` (checked like an
+    observation's), when one was asked for and answered."""
+
+    held: str | None
+    admitted: bool | None
+    instance: str | None
+    parts: tuple[dict[str, Any], ...]
+    state: list[StateResult] | EngineError | None
+
+
+def sequence_from_wire(body: Any, calls: int, *, url: str) -> SequenceAnswer:
+    """The answer of ``POST /rolloutfleet/sequence``, its shape checked (``EngineProtocolError`` if not)."""
+    step = "sequence"
+    try:
+        held, parts, admission = body["held"], body["results"], body["admission"]
+        if held not in (None, "instance", "state") or not isinstance(parts, list) or len(parts) > calls:
+            raise TypeError("held or results")
+        if not all(isinstance(p, dict) and isinstance(p.get("status"), int) for p in parts):
+            raise TypeError("each result needs a status")
+        admitted = admission.get("admitted")
+        instance = admission.get("instance")
+        if not isinstance(admitted, bool) or not (instance is None or isinstance(instance, str)):
+            raise TypeError("admission")
+    except (KeyError, TypeError, AttributeError) as exc:
+        message = f"malformed sequence answer ({exc}): {_short(body, 200)}"
+        raise EngineProtocolError(message, url=url, step=step) from exc
+    state: list[StateResult] | EngineError | None = None
+    part = body.get("state")
+    if isinstance(part, dict) and isinstance(part.get("status"), int):
+        if not 200 <= part["status"] < 300:
+            state = EngineHTTPError(part["status"], part.get("body"), url=url, step="rolloutfleet_state")
+        else:
+            try:
+                results = part["body"]["results"] if isinstance(part.get("body"), dict) else None
+                if not isinstance(results, list):
+                    raise EngineProtocolError(
+                        f"not RPC results: {_short(part.get('body'), 200)}", url=url, step="rolloutfleet_state"
+                    )
+                state = states_from_wire(results, url=url)
+            except EngineError as exc:
+                state = exc
+    return SequenceAnswer(held, admitted, instance, tuple(parts), state)

@@ -6,15 +6,18 @@ and the weight version are all read back from the engine (``api.engine.EngineSta
 restart, a retried step or a manual poke converges from wherever the engine is.
 
 Mode ``sleep``:    pause(keep) → sleep(2) → wake(weights) → load verifier → load draft → verify →
-                   set weight version → [wake(kv_cache) + reset prefix cache + resume]
-Mode ``inflight``: pause(keep) → load verifier → load draft → verify → set weight version →
-                   [reset prefix cache + resume]
+                   [set weight version + wake(kv_cache) + reset prefix cache + resume]
+Mode ``inflight``: pause(keep) → load verifier → load draft → verify →
+                   [set weight version + reset prefix cache + resume]
 
 Staged goals (docs/staging.md, the fleet stages path revisions): while the pod still serves, the engine
 stages the revision into host memory (``Stage`` → ``AwaitStage``) and the staged digests are checked
 (``StageFailed``/``StageMismatch`` verdicts come before any pause); only then ``Pause``, and the loads become
-commits from the staging area (``CommitVerifier``/``CommitDraft``). A stage over the fleet's limit falls back
-to the loads above; a stage of another revision left on a pod at its goal is released (``Unstage``).
+commits from the staging area (``CommitVerifier``/``CommitDraft``; where the engine takes a sequence of
+calls in one request, ``CommitVerifier`` commits the draft right after the verifier, since the commit itself
+checks that what landed hashes to the staged digest that was verified before the pause). A stage over the
+fleet's limit falls back to the loads above; a stage of another revision left on a pod at its goal is
+released (``Unstage``).
 
 Pushed targets (docs/push.md) take a weight-transfer session instead of a load: open the session
 (``OpenVerifierSession``/``OpenDraftSession``) → wait for the trainer (``AwaitPush``) → end it
@@ -22,10 +25,11 @@ Pushed targets (docs/push.md) take a weight-transfer session instead of a load: 
 trainer's error mark, ``AbandonSession``. A target a session failed into is destroyed: the pod is restarted
 (``RestartPod``) and caught up like a new one; it never resumes on it.
 
-The bracketed step is one composition (the scheduler must not run between them). Weights are woken only
+The bracketed step is one composition (the scheduler must not run between them; ``Resume`` stamps the weight
+version first, so a fleet resumed together spends one request round less out of service). Weights are woken only
 when the extension reports them unmapped: on vLLM 0.26 a wake of awake weights resumes a paused
 scheduler (measured on the H200), which would serve between the verifier and the draft loads. Engines
-without weight-version routes (vLLM 0.26) skip the version step. The draft is loaded only once the
+without weight-version routes (vLLM 0.26) skip the version stamp. The draft is loaded only once the
 verifier holds (and has a digest for) the same revision; a frozen draft is only ever restored.
 """
 
@@ -58,7 +62,6 @@ class Step(enum.StrEnum):
     LOAD_VERIFIER = "LoadVerifier"
     LOAD_DRAFT = "LoadDraft"
     RESTORE_DRAFT = "RestoreDraft"
-    SET_VERSION = "SetWeightVersion"
     RESUME = "Resume"
     JOIN_GROUP = "JoinGroup"  # NCCL: the engine joins the transfer group (the trainer is rank 0)
     OPEN_VERIFIER_SESSION = "OpenVerifierSession"
@@ -90,7 +93,6 @@ ACTIONS = frozenset(
         Step.LOAD_VERIFIER,
         Step.LOAD_DRAFT,
         Step.RESTORE_DRAFT,
-        Step.SET_VERSION,
         Step.RESUME,
         Step.JOIN_GROUP,
         Step.OPEN_VERIFIER_SESSION,
@@ -277,15 +279,21 @@ def digest_mismatch(goal: Goal, state: EngineState) -> str | None:
     return None
 
 
+def holds_pair(goal: Goal, state: EngineState) -> bool:
+    """Holds the goal's pair, verified (stamped with its weight version or not: the resume stamps it)."""
+    return (
+        state.reachable and engine_mismatch(goal, state) is None and verifier_ok(goal, state) and draft_ok(goal, state)
+    )
+
+
+def stamped(goal: Goal, state: EngineState) -> bool:
+    """The engine's weight version is the goal's (or the engine has no weight versions: vLLM 0.26)."""
+    return state.weight_version == goal.weight_version or not state.versioned
+
+
 def at_goal(goal: Goal, state: EngineState) -> bool:
     """Holds the goal's pair, verified, stamped with its weight version (whether or not it serves yet)."""
-    return (
-        state.reachable
-        and engine_mismatch(goal, state) is None
-        and verifier_ok(goal, state)
-        and draft_ok(goal, state)
-        and (state.weight_version == goal.weight_version or not state.versioned)
-    )
+    return holds_pair(goal, state) and stamped(goal, state)
 
 
 def next_step(goal: Goal, state: EngineState) -> Decision:
@@ -298,11 +306,16 @@ def next_step(goal: Goal, state: EngineState) -> Decision:
     if mismatch is not None:
         return Decision(Step.ENGINE_MISMATCH, mismatch)
     in_service = not state.paused and not state.sleeping
-    if state.session is None and not state.destroyed and at_goal(goal, state):
-        if in_service and stale_stage(goal, state.staged):
-            assert state.staged is not None
-            return Decision(Step.UNSTAGE, f"release the stage of revision {state.staged.revision}: nothing will use it")
-        return Decision(Step.DONE if in_service else Step.RESUME, "loaded and verified")
+    if state.session is None and not state.destroyed and holds_pair(goal, state):
+        if not in_service:
+            # The resume stamps the weight version first (one step: one request round less in the pause).
+            return Decision(Step.RESUME, "loaded and verified")
+        if stamped(goal, state):
+            if stale_stage(goal, state.staged):
+                assert state.staged is not None
+                why = f"release the stage of revision {state.staged.revision}: nothing will use it"
+                return Decision(Step.UNSTAGE, why)
+            return Decision(Step.DONE, "loaded and verified")
     if in_service:
         return _before_pause(goal, state.staged) or Decision(Step.PAUSE, "serving other weights")
     if state.session is not None:
@@ -330,7 +343,7 @@ def next_step(goal: Goal, state: EngineState) -> Decision:
         if committable(goal, state.staged, Target.DRAFT):
             return Decision(Step.COMMIT_DRAFT, "verifier verified; draft behind; staged")
         return Decision(Step.LOAD_DRAFT, "verifier verified; draft behind")
-    return Decision(Step.SET_VERSION, f"weight version {state.weight_version!r}")
+    raise AssertionError("unreachable: a verified pair out of service resumes, in service it is done or pauses")
 
 
 def stage_for(goal: Goal, stage: StageState | None) -> bool:
@@ -484,16 +497,15 @@ def acknowledged(
         draft = TargetState(revision=load.revision, digest=load.digest, path=load.path, verified=True, policy=policy)
         staged = _committed(state.staged, Target.DRAFT) if step == Step.COMMIT_DRAFT else state.staged
         return dataclasses.replace(state, draft=draft, resident=True, staged=staged)
-    if step == Step.SET_VERSION:
-        return dataclasses.replace(state, weight_version=goal.weight_version)
     if step == Step.END_SESSION and load is not None and state.session is not None:
         received = TargetState(revision=load.revision, digest=load.digest, verified=True)
         if load.target == Target.VERIFIER:
             return dataclasses.replace(state, session=None, verifier=received)
         policy = state.draft.policy if state.draft is not None else None
         return dataclasses.replace(state, session=None, draft=dataclasses.replace(received, policy=policy))
-    if step == Step.RESUME:
-        return dataclasses.replace(state, paused=False, sleeping=False, sleep_level=0)
+    if step == Step.RESUME:  # the resume stamped the weight version where the engine has versions
+        version = goal.weight_version if state.versioned else state.weight_version
+        return dataclasses.replace(state, paused=False, sleeping=False, sleep_level=0, weight_version=version)
     if step == Step.JOIN_GROUP and goal.push.group_epoch is not None and group is not None:
         return dataclasses.replace(state, group=group)
     return state

@@ -7,6 +7,10 @@ the client uses as its HTTP timeout (retries included), so nothing waits longer 
 says. A failure raises ``StepError`` with a CamelCase reason; the caller counts attempts and decides
 between retrying and rolling back.
 
+A step's calls go out in one request where the engine's image takes sequences (``EngineClient.sequence``):
+the resume (guarded: it runs only on the process and weights the decision saw, else ``Held``) and a staged
+commit of both targets; otherwise call by call, as before.
+
 Resume is fail-closed: the prefix cache is reset *before* the engine resumes, in both modes, and a reset
 that does not go through fails the step while the engine is still paused (the planner derives RESUME
 again and retries it). Requests frozen by ``pause(keep)`` hold KV blocks, which makes vLLM refuse a plain
@@ -30,13 +34,14 @@ import contextlib
 import dataclasses
 import re
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rolloutfleet.adapters import engine_wire
 from rolloutfleet.adapters.engine import EngineClient
-from rolloutfleet.api.engine import GroupMembership, LoadResult, PushSession, StageState, Target
+from rolloutfleet.api.engine import EngineState, GroupMembership, LoadResult, PushSession, StageState, Target
 from rolloutfleet.api.fleet import StepTimeouts
-from rolloutfleet.planning.transaction import SESSION_STEPS, Goal, Step
+from rolloutfleet.planning.transaction import SESSION_STEPS, Goal, Step, committable
 
 
 class StepError(RuntimeError):
@@ -71,17 +76,26 @@ def reason_of(exc: engine_wire.EngineError) -> str:
     return "EngineError"
 
 
+class Held(RuntimeError):  # noqa: N818 - not a failure: the engine changed, decide again from a read
+    """A resume's guard found the engine no longer as the decision saw it (another process, other weights):
+    nothing ran."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SessionContext:
-    """What session steps need beyond the goal: the pass's epoch, the engine's open session, the backend's
+    """What steps need beyond the goal: the pass's epoch, the engine's open session, the backend's
     ``init_info`` and ``group`` (NCCL's JoinGroup: what ``/init_weight_transfer_engine`` takes and the
-    membership then recorded) and why an abandon happens."""
+    membership then recorded), why an abandon happens, the state the decision was made on (``known``: a
+    resume's guard, a commit of both targets) and, for engines that cannot take a sequence, the read a
+    resume waits for first (``ready``: False holds the resume)."""
 
     epoch: int = 0
     session: PushSession | None = None
     init_info: dict[str, Any] | None = None
     why: str = ""
     group: GroupMembership | None = None  # JoinGroup: the membership the extension records once joined
+    known: EngineState | None = None
+    ready: Callable[[], Awaitable[bool]] | None = None
 
 
 async def _session(
@@ -120,7 +134,91 @@ async def _session(
     raise ValueError(f"{step} is not a session step")
 
 
-Result = LoadResult | StageState | None  # a load's (commit's, session's) result, a stage's state, or nothing
+# A load's (commit's, session's) result, both commits' results, a stage's state, or nothing.
+Result = LoadResult | tuple[LoadResult, ...] | StageState | None
+
+
+def _resume_calls(goal: Goal, known: EngineState | None) -> list[engine_wire.Call]:
+    """The resume's calls: stamp the weight version (where the engine has versions and another one), wake
+    the KV cache (sleep mode), reset the prefix cache (preempting frozen requests), resume."""
+    calls = []
+    if known is not None and known.versioned and known.weight_version != goal.weight_version:
+        stamp = {"new_version": goal.weight_version}
+        calls.append(engine_wire.Call("/update_weight_version", "update_weight_version", json=stamp))
+    if goal.sleep_mode:
+        calls.append(engine_wire.Call("/wake_up", "wake_up:kv_cache", query=(("tags", "kv_cache"),)))
+    if goal.reset_prefix_cache:
+        query = (("reset_running_requests", "true"),)
+        calls.append(engine_wire.Call("/reset_prefix_cache", "reset_prefix_cache", query=query))
+    calls.append(engine_wire.Call("/resume", "resume"))
+    return calls
+
+
+async def _resume(engine: EngineClient, goal: Goal, timeouts: StepTimeouts, ctx: SessionContext) -> None:
+    """Resume in one guarded request where the engine takes sequences, else call by call after ``ready``.
+
+    The guard (the process and the weights ``ctx.known`` holds) replaces the read that used to precede
+    every resume: inside an AllAtOnce pause each request round is time the whole fleet is out of service.
+    """
+    pause, wake = float(timeouts.pause_seconds), float(timeouts.wake_seconds)
+    calls = _resume_calls(goal, ctx.known)
+    deadline = {"update_weight_version": float(timeouts.verify_seconds), "wake_up:kv_cache": wake}
+    total = sum(deadline.get(c.step, pause) for c in calls)
+    answer = None
+    if ctx.known is not None and ctx.known.instance is not None:
+        answer = await engine.sequence(calls, known=ctx.known, deadline=total)
+    if answer is not None:
+        if answer.held is not None:
+            raise Held(f"the engine changed since it was read ({answer.held})")
+        for index, call in enumerate(calls):
+            if index >= len(answer.parts):
+                raise StepError(Step.RESUME, "EngineProtocolError", f"the sequence stopped before {call.step}")
+            body = engine.part(answer, index, call)  # raises the call's own error
+            if call.step == "reset_prefix_cache" and not (isinstance(body, dict) and body.get("success") is True):
+                # vLLM answers success false while KV blocks are held: not resumed (the sequence stopped
+                # only on a status); the engine is still paused, and the step is retried.
+                raise StepError(Step.RESUME, "PrefixCacheNotReset", "the prefix cache could not be reset: not resumed")
+        return
+    if ctx.ready is not None and not await ctx.ready():
+        raise Held("the engine changed since it was read")
+    for call in calls[:-1]:
+        if call.step == "update_weight_version":
+            await engine.update_weight_version(goal.weight_version, deadline=float(timeouts.verify_seconds))
+        elif call.step == "wake_up:kv_cache":
+            await engine.wake_up(["kv_cache"], deadline=wake)
+        elif not await engine.reset_prefix_cache(reset_running_requests=True, deadline=pause):
+            raise StepError(Step.RESUME, "PrefixCacheNotReset", "the prefix cache could not be reset: not resumed")
+    await engine.resume(deadline=pause)
+
+
+async def _commit(engine: EngineClient, goal: Goal, timeouts: StepTimeouts, ctx: SessionContext) -> Result:
+    """Commit the verifier from the stage, and the draft right after it in the same request where the draft
+    is committable too and the engine takes sequences: the commit checks that what landed hashes to the
+    staged digest, which was verified before the pause, so the draft never follows an unverified verifier
+    (and a refused verifier commit stops the sequence before the draft's)."""
+    assert goal.verifier_path is not None
+    load = float(timeouts.load_seconds)
+    known = ctx.known
+    both = (
+        known is not None
+        and goal.draft_path is not None
+        and goal.co_updates_draft
+        and committable(goal, known.staged, Target.DRAFT)
+    )
+    if both:
+        assert goal.draft_path is not None
+        calls = [
+            engine.commit_call(Target.VERIFIER, goal.verifier_path, goal.revision, deadline=load),
+            engine.commit_call(Target.DRAFT, goal.draft_path, goal.revision, deadline=load),
+        ]
+        answer = await engine.sequence(calls, loads=True, deadline=2 * load)
+        if answer is not None:
+            results = []
+            for index, call in enumerate(calls[: len(answer.parts)]):
+                rpc = engine.rpc_part(answer, index, call)
+                results.append(engine_wire.load_result_from_wire(rpc, url=engine.base_url, step=call.step))
+            return tuple(results)
+    return await engine.load(Target.VERIFIER, goal.verifier_path, goal.revision, staged=True, deadline=load)
 
 
 async def _run(engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeouts, session: SessionContext) -> Result:
@@ -140,10 +238,11 @@ async def _run(engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeo
         return await engine.stage(goal.revision, goal.verifier_path, goal.draft_path, goal.stage_limit, deadline=pause)
     elif step == Step.UNSTAGE:
         await engine.unstage(deadline=pause)
-    elif step in (Step.LOAD_VERIFIER, Step.COMMIT_VERIFIER):
+    elif step == Step.COMMIT_VERIFIER:
+        return await _commit(engine, goal, timeouts, session)
+    elif step == Step.LOAD_VERIFIER:
         assert goal.verifier_path is not None
-        staged = step == Step.COMMIT_VERIFIER
-        return await engine.load(Target.VERIFIER, goal.verifier_path, goal.revision, staged=staged, deadline=load)
+        return await engine.load(Target.VERIFIER, goal.verifier_path, goal.revision, deadline=load)
     elif step in (Step.LOAD_DRAFT, Step.COMMIT_DRAFT):
         assert goal.draft_path is not None
         staged = step == Step.COMMIT_DRAFT
@@ -151,14 +250,8 @@ async def _run(engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeo
     elif step == Step.RESTORE_DRAFT:
         assert goal.frozen_draft_path is not None
         return await engine.restore_draft(goal.frozen_draft_path, deadline=load)
-    elif step == Step.SET_VERSION:
-        await engine.update_weight_version(goal.weight_version, deadline=float(timeouts.verify_seconds))
     elif step == Step.RESUME:
-        if goal.sleep_mode:
-            await engine.wake_up(["kv_cache"], deadline=wake)
-        if goal.reset_prefix_cache and not await engine.reset_prefix_cache(reset_running_requests=True, deadline=pause):
-            raise StepError(step, "PrefixCacheNotReset", "the prefix cache could not be reset: not resumed")
-        await engine.resume(deadline=pause)
+        await _resume(engine, goal, timeouts, session)
     else:
         raise ValueError(f"{step} is not an action")
     return None

@@ -417,10 +417,12 @@ class RolloutPass:
         return set(read)
 
     async def _still_ready(self, pod: str) -> bool:
-        """Resume only on what the engine says now, not on acknowledgements: read it (``recheck``: its process
-        and what the extension holds) right before the resume, inside the resume's own step, so every pod of
-        a fleet resumed together is read in parallel with the others' resumes instead of in one read round
-        after the barrier opened. A pod that is not ready any more is decided again from a full read."""
+        """Resume only on what the engine says now, not on acknowledgements. Where the engine takes sequences
+        the resume's own guard checks it in the same request (``executor``); elsewhere the executor calls
+        this first: read the engine (``recheck``: its process and what the extension holds) inside the
+        resume's own step, so every pod of a fleet resumed together is read in parallel with the others'
+        resumes instead of in one read round after the barrier opened. A pod that is not ready any more is
+        decided again from a full read."""
         state = await self.clients[pod].recheck(self.states[pod])
         self.states[pod] = state
         self.reads += 1
@@ -587,20 +589,31 @@ class RolloutPass:
         if decision.step == Step.RESTART_POD:
             await self._restart(pod, decision.reason)
             return
-        if decision.step == Step.RESUME and not await self._still_ready(pod):
-            self._leave_batch(pod)
-            return
         membership = push.membership(self.group, pod)
+        read_first: list[bool] = []  # whether a call-by-call resume read the engine first (``_still_ready``)
+
+        async def ready() -> bool:
+            read_first.append(True)
+            return await self._still_ready(pod)
+
         session = executor.SessionContext(
             epoch=self.pod_epoch.get(pod, 0),
             session=self.states[pod].session,
             init_info=push.init_info(self.spec, membership, self.goal.push.rendezvous),
             why=decision.reason,
             group=membership,
+            known=self.states[pod],
+            ready=ready,
         )
         try:
             async with limit:
                 seconds, result = await executor.execute(self.clients[pod], decision.step, self.goal, timeouts, session)
+        except executor.Held:
+            # Resume only on what the engine says now: it changed since the decision (its guard, or the
+            # read before a call-by-call resume, said so), so it is decided again from a full read.
+            self._leave_batch(pod)
+            self.stale.add(pod)
+            return
         except executor.StepError as exc:
             self._leave_batch(pod)
             self._confirm(pod)  # a failed open: this pod has no session of the epoch to wait for
@@ -624,10 +637,20 @@ class RolloutPass:
         stage = result if isinstance(result, engine.StageState) else None
         if decision.step == Step.END_SESSION and load is not None:
             self._count_session(load.target.value, "verified")
-        self.states[pod] = transaction.acknowledged(
-            self.states[pod], decision.step, self.goal, load, membership, stage=stage
-        )
+        if isinstance(result, tuple):  # a commit of both targets in one request: each acknowledged in turn
+            for each in result:
+                step = Step.COMMIT_VERIFIER if each.target == engine.Target.VERIFIER else Step.COMMIT_DRAFT
+                self.states[pod] = transaction.acknowledged(self.states[pod], step, self.goal, each)
+        else:
+            self.states[pod] = transaction.acknowledged(
+                self.states[pod], decision.step, self.goal, load, membership, stage=stage
+            )
+        if decision.step in (Step.COMMIT_VERIFIER, Step.COMMIT_DRAFT):
+            self._record_staging(pod)  # a commit's result is an observation of the stage too (released)
         if decision.step == Step.RESUME:
+            if not read_first:
+                self.reads += 1  # the resume's guard read what the engine holds, in the same request
+            self.verified.add(pod)
             await self._resumed_together(pod)
             await self._route(pod, True, "Serving", f"serves revision {self.goal.revision}, verified")
         self.memory.durations.setdefault(self.key, {}).setdefault(decision.step.value, []).append(seconds)

@@ -300,7 +300,6 @@ def _summary(results: list[tuple[str, dict[str, str], dict[str, Any], float]]) -
             "LoadVerifier",
             "LoadDraft",
             "RestoreDraft",
-            "SetWeightVersion",
             "Resume",
         ]
         timings = sorted(

@@ -37,7 +37,8 @@ The middleware's admission routes (``rolloutfleet_worker.admission``), same bodi
 ``{"revision": int|null, "instance"?}`` (token) → 200 as ready's, 409 for another instance, 400 for a
 malformed body, 413 over 4 KiB; ``POST /rolloutfleet/withdraw`` (token) → 200 ``{"admitted": false}``;
 ``GET /rolloutfleet/observe`` (token) → 200 ``{"admission": ..., "routes": {"is_paused"|"is_sleeping"|
-"weight_info"|"state": {"status", "body"}}}``, each route answered as on its own (its faults too). A crash
+"weight_info"|"state": {"status", "body"}}}``, each route answered as on its own (its faults too);
+``POST /rolloutfleet/sequence`` (token): a step's calls in one request, guarded (``sim.sequence``). A crash
 or restart ends the process, and with it the admission. Fault steps: ``ready``, ``admit``, ``withdraw``.
 """
 
@@ -54,7 +55,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rolloutfleet.sim import transfer_http
+from rolloutfleet.sim import sequence, transfer_http
 from rolloutfleet.sim.config import (
     STAGED_LOAD_KEY,
     EngineSpec,
@@ -140,6 +141,7 @@ class SimulatedEngine:
         self.core = EngineCore(spec, weights, latencies, self.log)
         self.faults: list[_ArmedFault] = []
         self._runner: web.AppRunner | None = None
+        self._handlers: dict[tuple[str, str], sequence.Handler] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
@@ -254,6 +256,7 @@ class SimulatedEngine:
         r.add_post("/rolloutfleet/admit", self._admit)
         r.add_post("/rolloutfleet/withdraw", self._withdraw)
         r.add_get("/rolloutfleet/observe", self._observe)
+        r.add_post(sequence.SEQUENCE_PATH, self._sequence)
         r.add_get("/metrics", self._metrics)
         r.add_get("/is_paused", self._is_paused)
         r.add_post("/pause", self._pause)
@@ -269,6 +272,26 @@ class SimulatedEngine:
         transfer_http.add_routes(r, self)
         r.add_post("/v1/completions", self._completions)
         r.add_get("/v1/models", self._models)
+        self._handlers = {
+            (route.method, route.resource.canonical): route.handler
+            for route in r.routes()
+            if route.resource is not None
+        }
+
+    def handler(self, method: str, path: str) -> sequence.Handler | None:
+        """The handler of one route (``sim.sequence`` runs a sequence's calls through them)."""
+        return self._handlers.get((method, path))
+
+    def admission_report(self) -> dict[str, Any]:
+        return self.core.admission()
+
+    @property
+    def instance(self) -> str:
+        return self.core.instance
+
+    async def _sequence(self, request: web.Request) -> web.Response:
+        """``rolloutfleet_worker.sequence``: a step's calls in one request (``sim.sequence``)."""
+        return await sequence.serve(self, request)
 
     async def run_step(
         self,

@@ -144,13 +144,14 @@ def test_all_at_once_sleep_mode_barrier(
         assert names == SLEEP_ORDER, (key, names)
         calls = {str(e.get("key") or e["step"]): e for e in log if e.get("status") == 200}
         resumes.append(calls["resume"]["t"])
-        pre_resume.append(calls["update_weight_version"]["t"])
+        pre_resume.append(calls["rolloutfleet_load:draft"]["t"])
         load_windows += [
             (e["t0"], e["t"])
             for e in log
             if str(e.get("key", "")).startswith("rolloutfleet_load") and e.get("status") == 200
         ]
-    # The barrier: every engine was loaded, verified and stamped before the first one resumed.
+    # The barrier: every engine was loaded and verified before the first one resumed (the weight version is
+    # stamped by the resume itself, right before it resumes: SLEEP_ORDER).
     assert max(pre_resume) < min(resumes)
     # maxConcurrentLoads=3: never more than 3 engines loading at once (16 loads in all), and the cap was used.
     # (That the admission fills the cap is pinned without timing by tests/unit/planning/test_rollout.py.)
@@ -189,7 +190,7 @@ def test_each_pod_moves_on_without_waiting_for_a_slow_one(
     assert len(others) == 3
     assert all(c["rolloutfleet_load:draft"]["t0"] < slow_verifier_done for c in others)
     resumes = [c["resume"]["t"] for c in calls.values()]
-    assert calls[slow]["update_weight_version"]["t"] < min(resumes)  # the barrier
+    assert calls[slow]["rolloutfleet_load:draft"]["t"] < min(resumes)  # the barrier
 
 
 async def _slow_loads(follower: FollowerThread, seconds: float) -> None:

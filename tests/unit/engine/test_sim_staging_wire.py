@@ -199,7 +199,7 @@ async def test_a_malformed_stage_in_the_state_is_a_protocol_fault(client: Engine
     results[0]["staged"] = stage_wire(phase="done")
     answer(sim, "rolloutfleet_state", results)
     state = await client.observe()
-    assert state.fault == EngineFault.PROTOCOL and not state.reachable
+    assert state.fault == EngineFault.PROTOCOL and not state.reachable, state.error
 
 
 async def test_a_state_without_the_field_has_nothing_staged(client: EngineClient, sim: SimulatedEngine) -> None:

@@ -74,7 +74,7 @@ def test_rolling_resumes_individually() -> None:
 
 def test_pods_already_out_of_service_always_continue() -> None:
     # After an operator restart, more pods may be paused than the budget: finishing them is safer.
-    d = decisions(Step.LOAD_VERIFIER, Step.SLEEP, Step.SET_VERSION, Step.PAUSE, Step.PAUSE, Step.PAUSE)
+    d = decisions(Step.LOAD_VERIFIER, Step.SLEEP, Step.LOAD_DRAFT, Step.PAUSE, Step.PAUSE, Step.PAUSE)
     chosen = rollout.admit(d, PODS, plan(rollout=RolloutType.ROLLING, max_unavailable=1))
     assert set(chosen) == {"p-0", "p-1", "p-2"}
 

@@ -50,7 +50,7 @@ CASES = [
     ),
     ("inflight never sleeps", INFLIGHT, state(paused=True), Step.LOAD_VERIFIER),
     ("verifier loaded, draft behind", SLEEP, state(paused=True, resident=False, v=2, d=None, dd=None), Step.LOAD_DRAFT),
-    ("both loaded, version not stamped", SLEEP, state(paused=True, v=2, d=2), Step.SET_VERSION),
+    ("both loaded, version not stamped: the resume stamps it", SLEEP, state(paused=True, v=2, d=2), Step.RESUME),
     ("loaded, verified, stamped, paused", SLEEP, state(paused=True, v=2, d=2, version="2"), Step.RESUME),
     ("serving the goal", SLEEP, state(v=2, d=2, version="2"), Step.DONE),
     ("serving goal pair but wrong version", SLEEP, state(v=2, d=2, version="1"), Step.PAUSE),
@@ -74,7 +74,7 @@ def test_expected_digest_mismatch_is_a_verification_failure() -> None:
     goal = dataclasses.replace(SLEEP, verifier_digest=DV)
     decision = next_step(goal, state(paused=True, v=2, d=2))
     assert decision.step == Step.VERIFY_FAILED and "verifier digest" in decision.reason
-    assert next_step(goal, state(paused=True, v=2, d=2, vd=DV)).step == Step.SET_VERSION
+    assert next_step(goal, state(paused=True, v=2, d=2, vd=DV)).step == Step.RESUME
 
 
 def test_draft_never_before_verifier() -> None:
@@ -88,7 +88,7 @@ def test_frozen_draft_is_restored_never_loaded() -> None:
     after_sleep = state(paused=True, resident=False, v=2, d=None, dd=None, policy=DraftPolicy.FROZEN)
     assert next_step(FROZEN, after_sleep).step == Step.RESTORE_DRAFT
     restored = state(paused=True, v=2, d=None, dd=DD, policy=DraftPolicy.FROZEN)
-    assert next_step(FROZEN, restored).step == Step.SET_VERSION
+    assert next_step(FROZEN, restored).step == Step.RESUME
     wrong = state(paused=True, v=2, d=None, dd=DV, policy=DraftPolicy.FROZEN)
     decision = next_step(FROZEN, wrong)
     assert decision.step == Step.VERIFY_FAILED and "frozen draft digest" in decision.reason
@@ -111,7 +111,7 @@ def test_pods_must_agree_without_a_pinned_digest() -> None:
     goal = verification.with_reference_digests(SLEEP, [good, good, corrupt])
     assert goal.draft_digest == DD and goal.verifier_digest is None
     assert next_step(goal, corrupt).step == Step.VERIFY_FAILED
-    assert next_step(goal, good).step == Step.SET_VERSION
+    assert next_step(goal, good).step == Step.RESUME
     tie = verification.with_reference_digests(SLEEP, [good, corrupt])
     assert next_step(tie, good).step == Step.VERIFY_FAILED and next_step(tie, corrupt).step == Step.VERIFY_FAILED
     assert verification.with_reference_digests(SLEEP, [good, good]) == SLEEP

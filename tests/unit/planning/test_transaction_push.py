@@ -149,7 +149,7 @@ CASES = [
         engine(v=2, vd=D),
         Step.VERIFY_FAILED,
     ),
-    ("both verified: stamp the version", PUSH, engine(v=2, vd=DV, d=2, dd=DD), Step.SET_VERSION),
+    ("both verified: stamp the version", PUSH, engine(v=2, vd=DV, d=2, dd=DD), Step.RESUME),
     ("both verified, stamped: resume", PUSH, engine(v=2, vd=DV, d=2, dd=DD, version="2"), Step.RESUME),
     (
         "a destroyed target restarts the pod",

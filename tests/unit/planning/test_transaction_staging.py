@@ -122,7 +122,7 @@ def test_in_the_pause_the_loads_are_commits_from_the_stage() -> None:
     assert next_step(GOAL, after_verifier).step == Step.COMMIT_DRAFT
     after_draft = acknowledged(after_verifier, Step.COMMIT_DRAFT, GOAL, _load("draft", DD))
     assert after_draft.staged is None  # the engine releases the stage after its last commit
-    assert next_step(GOAL, after_draft).step == Step.SET_VERSION  # then resume, as after any load
+    assert next_step(GOAL, after_draft).step == Step.RESUME  # then resume, as after any load
     asleep = EngineState(
         reachable=True, paused=True, sleeping=True, resident=False, mapped=False, draft=TargetState(), staged=stage()
     )

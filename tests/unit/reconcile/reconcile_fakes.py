@@ -426,9 +426,10 @@ def loads(log: list[dict[str, Any]], revision: int | None = None) -> list[dict[s
     return out
 
 
-def stamped(log: list[dict[str, Any]]) -> bool:
-    """The engine took the weight version: its loads are done and verified, it waits to resume."""
-    return any(call_name(e) == "update_weight_version" for e in ok_calls(log))
+def loaded(log: list[dict[str, Any]]) -> bool:
+    """The engine took its draft (the pair's last load): it waits at the barrier to be resumed (which stamps
+    the weight version first)."""
+    return any(call_name(e) == "rolloutfleet_load:draft" for e in ok_calls(log))
 
 
 def pauses(log: list[dict[str, Any]]) -> int:

@@ -268,7 +268,7 @@ async def test_a_refused_load_to_an_engine_never_reached_is_not_unknown(pool: En
 
 @pytest.mark.parametrize(
     "step",
-    [Step.PAUSE, Step.SLEEP, Step.WAKE_WEIGHTS, Step.SET_VERSION, Step.RESUME],
+    [Step.PAUSE, Step.SLEEP, Step.WAKE_WEIGHTS, Step.RESUME],
 )
 async def test_every_step_waits_its_spec_deadline(client: EngineClient, sim: SimulatedEngine, step: Step) -> None:
     """Each step's calls last as long as the fleet allows (here 5 s), not the pool's 0.25 s default."""
@@ -279,7 +279,6 @@ async def test_every_step_waits_its_spec_deadline(client: EngineClient, sim: Sim
         Step.PAUSE: "pause",
         Step.SLEEP: "sleep",
         Step.WAKE_WEIGHTS: "wake_up",
-        Step.SET_VERSION: "update_weight_version",
         Step.RESUME: "resume",
     }
     sim.add_fault(FaultRule(step=keys[step], kind=FaultKind.SLOW, delay=0.5))

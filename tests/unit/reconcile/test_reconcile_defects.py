@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from kube_fakes import FakeCall
-from reconcile_fakes import WRONG_DIGEST, condition, harness, pauses, stamped
+from reconcile_fakes import WRONG_DIGEST, condition, harness, loaded, pauses
 
 from rolloutfleet.reconcile import revision as revision_reconcile
 from rolloutfleet.sim.config import FaultKind, FaultRule
@@ -124,7 +124,7 @@ async def _staggered_rollout(tmp_path: pathlib.Path, pods: int) -> tuple[dict[st
             for wave in waves:
                 for pod in wave:
                     gates[pod].set()
-                await h.wait_for(wave, stamped)
+                await h.wait_for(wave, loaded)
 
         h.observations.clear()
         h.requests.clear()

@@ -17,12 +17,12 @@ from reconcile_fakes import (
     call_name,
     condition,
     harness,
+    loaded,
     loads,
     max_overlap,
     ok_calls,
     out_of_service,
     served_revisions,
-    stamped,
 )
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]  # a hang fails, never blocks the run
@@ -77,7 +77,7 @@ async def test_all_at_once_barrier_no_engine_resumes_before_every_engine_loaded(
         h.mark_arrivals("wake_up:kv_cache", "resume")
 
         async def release_when_the_others_wait() -> None:
-            await h.wait_for(others, stamped)
+            await h.wait_for(others, loaded)
             gate.set()
 
         h.apply_revision("step-1", 1)
@@ -117,7 +117,7 @@ async def test_fleet_status_shows_each_pod_s_revision_while_a_slow_pod_still_loa
         gate = h.hold_loads(slow)
         h.apply_revision("step-1", 1)
         rollout = asyncio.create_task(h.settle())
-        await h.wait_for(moved, stamped)
+        await h.wait_for(moved, loaded)
 
         async def status_caught_up() -> bool:
             for _ in range(int(5.0 / 0.01)):  # bounds a broken write only; never decides the outcome
