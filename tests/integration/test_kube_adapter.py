@@ -57,8 +57,9 @@ async def test_a_gate_patch_for_a_replaced_pod_is_refused(
         assert refused.value.status in (409, 422), refused.value
         conditions = core.read_namespaced_pod_status("policy-0", namespace).status.conditions or []
         assert all(c.type != GATE for c in conditions)
-        patched = await kube.patch_pod_condition(namespace, "policy-0", condition, uid=new.metadata.uid)
-        assert any(c["type"] == GATE and c["status"] == "True" for c in patched["status"]["conditions"])
+        await kube.patch_pod_condition(namespace, "policy-0", condition, uid=new.metadata.uid)
+        conditions = core.read_namespaced_pod_status("policy-0", namespace).status.conditions or []
+        assert any(c.type == GATE and c.status == "True" for c in conditions)
     finally:
         await kube.aclose()
 

@@ -97,8 +97,10 @@ class KubeHTTP:
         body: Any = None,
         content_type: str | None = None,
         timeout: float,  # noqa: ASYNC109 - the request's own bound, passed to aiohttp
+        decode: bool = True,
     ) -> Any:
-        """One request; the decoded JSON answer, or ``KubeHTTPError``."""
+        """One request; the decoded JSON answer (None with ``decode=False``: a write whose answer, the whole
+        object, nobody reads), or ``KubeHTTPError``."""
         session = self._open()
         data = None if body is None else json.dumps(body)
         async with self._slots:
@@ -112,7 +114,11 @@ class KubeHTTP:
                     timeout=aiohttp.ClientTimeout(total=timeout),
                     **self._route(),
                 ) as resp:
-                    text = await resp.text()
+                    if decode or not 200 <= resp.status < 300:
+                        text = await resp.text()
+                    else:
+                        await resp.read()  # read to the end: the connection goes back to the pool
+                        return None
                     if not 200 <= resp.status < 300:
                         raise KubeHTTPError(resp.status, _message(text, resp.reason or ""))
                     return json.loads(text) if text else None

@@ -478,8 +478,9 @@ def acknowledged(
         return dataclasses.replace(state, staged=stage)
     if step == Step.UNSTAGE:
         return dataclasses.replace(state, staged=None)
-    if step == Step.PAUSE:
-        return dataclasses.replace(state, paused=True, sleeping=True)
+    if step == Step.PAUSE:  # the pause withdrew the engine's admission first (where it has one)
+        admitted = None if state.admitted is None else False
+        return dataclasses.replace(state, paused=True, sleeping=True, admitted=admitted)
     if step == Step.SLEEP:
         draft = None if state.draft is None else TargetState(policy=state.draft.policy)
         return dataclasses.replace(

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -42,6 +43,8 @@ from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.api.engine import EngineState, GroupMembership, LoadResult, PushSession, StageState, Target
 from rolloutfleet.api.fleet import StepTimeouts
 from rolloutfleet.planning.transaction import SESSION_STEPS, Goal, Step, committable
+
+log = logging.getLogger(__name__)
 
 
 class StepError(RuntimeError):
@@ -191,6 +194,28 @@ async def _resume(engine: EngineClient, goal: Goal, timeouts: StepTimeouts, ctx:
     await engine.resume(deadline=pause)
 
 
+async def _pause(engine: EngineClient, deadline: float, known: EngineState | None) -> None:
+    """Withdraw the engine's admission (its readiness probe fails from then on) and pause(keep), in one request
+    where the engine takes sequences. The pod's readiness gate is already False (``reconcile.gates``), so the
+    withdrawal is the second switch: a withdrawal that fails alone is logged, as ``gates.close_for`` does."""
+    pause = engine_wire.Call("/pause", "pause", query=(("mode", "keep"), ("clear_cache", "false")))
+    withdraw = known is not None and known.admitted is not False
+    if withdraw:
+        calls = [engine_wire.Call("/rolloutfleet/withdraw", "withdraw"), pause]
+        answer = await engine.sequence(calls, deadline=2 * deadline)
+        if answer is not None and len(answer.parts) == 2:
+            engine.part(answer, 1, pause)  # the pause's own error, if it failed
+            return
+        if answer is not None:  # the withdrawal failed, and the sequence stopped before the pause
+            log.warning("%s: not withdrawn: %s", engine.base_url, answer.parts[0] if answer.parts else "no answer")
+        else:
+            try:
+                await engine.withdraw(deadline=deadline)
+            except engine_wire.EngineError as exc:
+                log.warning("%s: not withdrawn: %s", engine.base_url, exc)
+    await engine.pause(mode="keep", clear_cache=False, deadline=deadline)
+
+
 async def _commit(engine: EngineClient, goal: Goal, timeouts: StepTimeouts, ctx: SessionContext) -> Result:
     """Commit the verifier from the stage, and the draft right after it in the same request where the draft
     is committable too and the engine takes sequences: the commit checks that what landed hashes to the
@@ -228,7 +253,7 @@ async def _run(engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeo
     wake = float(timeouts.wake_seconds)  # each wake_up
     load = float(timeouts.load_seconds)  # each load or restore
     if step == Step.PAUSE:
-        await engine.pause(mode="keep", clear_cache=False, deadline=pause)
+        await _pause(engine, pause, session.known)
     elif step == Step.SLEEP:
         await engine.sleep(2, deadline=float(timeouts.sleep_seconds))
     elif step == Step.WAKE_WEIGHTS:

@@ -109,13 +109,22 @@ async def open_for(
 
 
 async def close_for(
-    ctx: OperatorContext, pod: Manifest, client: EngineClient, state: EngineState, reason: str, message: str
+    ctx: OperatorContext,
+    pod: Manifest,
+    client: EngineClient,
+    state: EngineState,
+    reason: str,
+    message: str,
+    *,
+    withdraw: bool = True,
 ) -> EngineState:
     """Take the pod out of the Service: its engine withdrawn (the readiness probe fails) and its gate False.
 
     A withdrawal that fails is logged: the gate alone already keeps the pod out of the Service.
+    ``withdraw=False``: the gate only, for a pod about to pause (the pause withdraws it in the same request:
+    ``reconcile.executor``).
     """
-    if state.admitted is not False and state.reachable:
+    if withdraw and state.admitted is not False and state.reachable:
         try:
             await client.withdraw()
             state = dataclasses.replace(state, admitted=False if state.admitted is not None else None)

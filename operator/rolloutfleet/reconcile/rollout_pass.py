@@ -584,7 +584,7 @@ class RolloutPass:
         self.changed.add(pod)  # whatever happens, its next decision is derived again once it is done
         if decision.step == Step.PAUSE and pod not in self.routed_out:
             # Out of the Service first: new requests go to pods that keep serving while this one moves.
-            await self._route(pod, False, "Updating", f"moving to revision {self.goal.revision}")
+            await self._route(pod, False, "Updating", f"moving to revision {self.goal.revision}", pausing=True)
         self.routed_out.discard(pod)
         if decision.step == Step.RESTART_POD:
             await self._restart(pod, decision.reason)
@@ -697,7 +697,7 @@ class RolloutPass:
         if self.plan.rollout != RolloutType.ALL_AT_ONCE or len(pauses) < 2:
             return
         why = f"moving to revision {self.goal.revision}"
-        await asyncio.gather(*(self._route(p, False, "Updating", why) for p in pauses))
+        await asyncio.gather(*(self._route(p, False, "Updating", why, pausing=True) for p in pauses))
         self.routed_out.update(pauses)
 
     def _resume_together(self, chosen: dict[str, Decision]) -> None:
@@ -730,14 +730,19 @@ class RolloutPass:
                 batch.done.set()
         return batch
 
-    async def _route(self, pod: str, value: bool, reason: str, message: str) -> None:
-        """Open or close the pod to traffic (its gate and its engine's admission: ``reconcile.gates``)."""
+    async def _route(self, pod: str, value: bool, reason: str, message: str, *, pausing: bool = False) -> None:
+        """Open or close the pod to traffic (its gate and its engine's admission: ``reconcile.gates``).
+        ``pausing``: the gate only; the pause step withdraws the engine in the same request as the pause."""
         body, state = self.pods.bodies.get(pod), self.states.get(pod)
         if body is None or state is None:
             return
-        move = gates.open_for if value else gates.close_for
         try:
-            self.states[pod] = await move(self.ctx, body, self.clients[pod], state, reason, message)
+            client = self.clients[pod]
+            if value:
+                self.states[pod] = await gates.open_for(self.ctx, body, client, state, reason, message)
+            else:
+                closed = await gates.close_for(self.ctx, body, client, state, reason, message, withdraw=not pausing)
+                self.states[pod] = closed
         except KubeError as exc:  # the end-of-pass sync writes it again
             log.warning("pod %s: readiness gate not written: %s", pod, exc)
 

@@ -290,8 +290,14 @@ class SimulatedEngine:
         return self.core.instance
 
     async def _sequence(self, request: web.Request) -> web.Response:
-        """``rolloutfleet_worker.sequence``: a step's calls in one request (``sim.sequence``)."""
-        return await sequence.serve(self, request)
+        """``rolloutfleet_worker.sequence``: a step's calls in one request (``sim.sequence``). A fault on
+        ``sequence`` acts on the whole (a 404 plays an image without the route); each call is logged as
+        its own route logs it."""
+
+        async def act(_: Faults) -> tuple[web.Response, Any]:
+            return await sequence.serve(self, request), None
+
+        return await self.run_step(["sequence"], {}, act, log=False)
 
     async def run_step(
         self,

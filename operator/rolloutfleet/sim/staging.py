@@ -361,7 +361,9 @@ class Staging:
             # A read that failed is ``io``; anything else is what the extension answers for an unexpected
             # exception (``internal``), never a stage left ``staging`` for ever.
             code, message = ("io", exc.message) if isinstance(exc, weights.LoadError) else ("internal", repr(exc))
-            stage.failed_at = stage.bytes_done()
+            # The fault fails the reading half way by definition, not by how late this loop ran it (a busy
+            # loop woke it past the end once, and the stage then read as fully done yet failed).
+            stage.failed_at = stage.bytes_total // 2 if fail else stage.bytes_done()
             stage.phase, stage.error = FAILED, {"code": code, "message": message}
             for _, held in stage.targets():
                 held.digest = None  # nothing is held: no digest to compare with

@@ -293,8 +293,7 @@ def _timeline(logs: dict[str, list[dict[str, Any]]]) -> str:
     spans = []
     for name in (
         "pause:keep",
-        "rolloutfleet_load:verifier",
-        "rolloutfleet_load:draft",
+        "rolloutfleet_load:staged",  # every commit (the verifier's and the draft's, in one request each pod)
         "update_weight_version",
         "resume",
     ):

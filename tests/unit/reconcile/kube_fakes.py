@@ -185,7 +185,7 @@ class FakeKube:
 
     async def patch_pod_condition(
         self, namespace: str, name: str, condition: Manifest, *, uid: str | None = None
-    ) -> Manifest:
+    ) -> None:
         """Strategic-merge one pod condition (conditions merge by ``type``); the kubelet recomputes Ready.
 
         A ``uid`` other than the pod's is refused with 409, as the API server refuses a patch whose
@@ -206,7 +206,6 @@ class FakeKube:
         _kubelet_ready(obj)
         if obj.get("status") != before:
             obj["metadata"]["resourceVersion"] = str(next(self._rv))
-        return copy.deepcopy(obj)
 
     async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         await self._call("delete", FakeCall("delete", kind, namespace, name))

@@ -177,6 +177,10 @@ class Harness:
     def engine(self, pod: str) -> SimulatedEngine:
         return self.sim.engine(self.pod_ips[pod], self.port)
 
+    def next_order(self) -> int:
+        """A stamp from the engines' shared ``order`` counter: places a Kubernetes call among the engine calls."""
+        return next(self._order)
+
     def engine_log(self, pod: str) -> list[dict[str, Any]]:
         """The engine's ordered call log (entries carry the harness-wide ``order``)."""
         return list(self.engine(pod).log.entries)

@@ -301,3 +301,86 @@ def test_step_error_reasons_are_camel_case() -> None:
     ):
         reason = executor.reason_of(exc)
         assert reason[0].isupper() and reason.isalnum(), reason
+
+
+# --- a step's calls in one request (POST /rolloutfleet/sequence) ------------------------------------------
+# Inside an AllAtOnce pause each request round is time the whole fleet is out of service (issue 17), and
+# each request costs the operator CPU per pod (issue 18). An image without the route must still work.
+
+
+def calls(sim: SimulatedEngine) -> list[str]:
+    """The engine's answered state-changing calls by their most specific name, in order."""
+    return [str(e.get("key") or e["step"]) for e in sim.log.entries if "status" in e]
+
+
+async def paused_at_goal(client: EngineClient) -> Any:
+    """The engine holding revision 2 (both targets), paused: what the planner resumes."""
+    await client.load("verifier", V2, 2)
+    await client.load("draft", D2, 2)
+    await client.pause("keep", clear_cache=False)
+    return await client.observe()
+
+
+async def test_the_resume_stamps_resets_and_resumes_in_one_guarded_request(
+    client: EngineClient, sim: SimulatedEngine
+) -> None:
+    known = await paused_at_goal(client)
+    sim.log.entries.clear()
+    ctx = executor.SessionContext(known=known)
+    await executor.execute(client, Step.RESUME, goal(sleep_mode=False), FAST, ctx)
+    assert calls(sim) == ["update_weight_version", "reset_prefix_cache", "resume"]
+    state = await client.observe()
+    assert not state.paused and state.weight_version == "2"
+
+
+async def test_a_resume_whose_guard_fails_runs_nothing(client: EngineClient, sim: SimulatedEngine) -> None:
+    """The guard is the read that used to precede every resume: other weights (here a load behind the
+    operator's back) or another process, and nothing runs; the pass decides again from a full read."""
+    known = await paused_at_goal(client)
+    await client.load("verifier", "/synthetic/v/3", 3)
+    sim.log.entries.clear()
+    with pytest.raises(executor.Held):
+        await executor.execute(client, Step.RESUME, goal(sleep_mode=False), FAST, executor.SessionContext(known=known))
+    assert calls(sim) == [] and (await client.observe()).paused
+
+
+async def test_an_image_without_sequences_resumes_call_by_call_after_its_read(
+    client: EngineClient, sim: SimulatedEngine
+) -> None:
+    known = await paused_at_goal(client)
+    sim.add_fault(FaultRule(step="sequence", kind=FaultKind.HTTP_ERROR, status=404, body={"detail": "Not Found"}))
+    sim.log.entries.clear()
+    reads: list[bool] = []
+
+    async def ready() -> bool:
+        reads.append(True)
+        return True
+
+    ctx = executor.SessionContext(known=known, ready=ready)
+    await executor.execute(client, Step.RESUME, goal(sleep_mode=False), FAST, ctx)
+    assert reads == [True]
+    assert calls(sim) == ["update_weight_version", "reset_prefix_cache", "resume"]
+
+    async def not_ready() -> bool:
+        return False
+
+    await client.pause("keep", clear_cache=False)
+    sim.log.entries.clear()
+    with pytest.raises(executor.Held):
+        ctx = executor.SessionContext(known=known, ready=not_ready)
+        await executor.execute(client, Step.RESUME, goal(sleep_mode=False), FAST, ctx)
+    assert calls(sim) == []
+
+
+@pytest.mark.parametrize("sequences", [True, False], ids=["one-request", "call-by-call"])
+async def test_the_pause_withdraws_the_engine_first(
+    client: EngineClient, sim: SimulatedEngine, sequences: bool
+) -> None:
+    await client.admit(None)
+    known = await client.observe()
+    if not sequences:
+        sim.add_fault(FaultRule(step="sequence", kind=FaultKind.HTTP_ERROR, status=404, body={"detail": "Not Found"}))
+    sim.log.entries.clear()
+    await executor.execute(client, Step.PAUSE, goal(sleep_mode=False), FAST, executor.SessionContext(known=known))
+    assert calls(sim) == ["withdraw", "pause:keep"]
+    assert await client.admitted() is False and await client.is_paused()

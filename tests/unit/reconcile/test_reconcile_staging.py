@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+from typing import Any
 
 import pytest
+from kube_fakes import FakeCall
 from reconcile_fakes import call_name, harness, ok_calls
 
-from rolloutfleet.sim.config import FaultKind, FaultRule, Latencies
+from rolloutfleet.sim.config import Latencies
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -23,15 +25,31 @@ async def test_all_at_once_every_engine_leaves_the_service_before_any_pauses(tmp
     the engines directly are served until the fleet pauses, and the pauses are not spread by the Kubernetes
     writes of the other pods (each pod still leaves the Service before its own pause)."""
     async with harness(tmp_path, replicas=4, mode="inflight") as h:
-        # One pod's way out of the Service is slow: without the fleet-wide withdrawal first, the others
-        # would pause before it is out.
-        h.engine("policy-2").add_fault(FaultRule(step="withdraw", kind=FaultKind.SLOW, delay=0.3, count=None))
+        # One pod's way out of the Service (its readiness gate) is slow: without the fleet-wide gate writes
+        # first, the others would pause before it is out.
+        gate_written: list[int] = []  # engine-log order at the moment each gate write to False returned
+
+        async def slow_gate(call: FakeCall) -> None:
+            if call.verb == "patch_status" and call.kind == "Pod" and call.name == "policy-2":
+                await asyncio.sleep(0.3)
+
+        h.kube.before_call = slow_gate
+        real_patch = h.kube.patch_pod_condition
+
+        async def patch(namespace: str, name: str, condition: dict[str, Any], *, uid: str | None = None) -> None:
+            await real_patch(namespace, name, condition, uid=uid)
+            if condition["status"] == "False":
+                gate_written.append(h.next_order())
+
+        h.kube.patch_pod_condition = patch  # type: ignore[method-assign]
         h.apply_revision("step-1", 1)
         await h.settle()
         logs = h.logs()
-        last_withdraw = max(e["order"] for log in logs.values() for e in ok_calls(log) if call_name(e) == "withdraw")
         first_pause = min(e["order"] for log in logs.values() for e in ok_calls(log) if call_name(e) == "pause:keep")
-        assert last_withdraw < first_pause
+        assert len(gate_written) == 4 and max(gate_written) < first_pause
+        for log in logs.values():  # each engine withdrawn (its readiness probe fails) before its own pause
+            names = [call_name(e) for e in ok_calls(log)]
+            assert names.index("withdraw") < names.index("pause:keep"), names
         assert all(h.served(p) == (1, 1, False) for p in h.pods)
 
 
