@@ -322,16 +322,17 @@ class Kube:
         status: Manifest,
         *,
         resource_version: str | None = None,
-    ) -> Manifest:
+    ) -> None:
         """Merge-patch the status subresource (only the fields given).
 
         With ``resource_version`` the write is conditional: the API server answers 409 when the object
-        changed since that version was read (optimistic concurrency).
+        changed since that version was read (optimistic concurrency). The answer (the whole object, with a
+        row per pod in our statuses) is not decoded: nobody read it, and kopf's watch brings the change.
         """
         body: Manifest = {"status": status}
         if resource_version is not None:
             body["metadata"] = {"resourceVersion": resource_version}
-        return await self._patch(api_version, kind, namespace, name, body, subresource="status")
+        await self._patch(api_version, kind, namespace, name, body, subresource="status", decode=False)
 
     async def patch_labels(
         self, api_version: str, kind: str, namespace: str, name: str, labels: dict[str, str]

@@ -134,11 +134,13 @@ class KubeHTTP:
         params: dict[str, str],
         timeout: float,  # noqa: ASYNC109 - the wait for each line, passed to aiohttp
         on_open: Callable[[], None] | None = None,
+        decode: Callable[[bytes], Any] = json.loads,
     ) -> AsyncIterator[Any]:
         """A watch: each line of the answer, decoded, until the server ends it; ``KubeHTTPError`` on failure.
 
         ``timeout`` bounds the wait for each line (the server sends bookmarks well within it); ``on_open``
-        is called once the server accepted the watch (every change from then on will be delivered)."""
+        is called once the server accepted the watch (every change from then on will be delivered);
+        ``decode`` turns a line into the event (``adapters.kube_watch`` decodes only what it keeps)."""
         if self._streams is None:
             # Unbounded, apart from the requests' pool: a watch per fleet must never wait for a connection.
             connector = aiohttp.TCPConnector(limit=0, ssl=self._ssl)
@@ -157,7 +159,7 @@ class KubeHTTP:
                     on_open()
                 while line := await resp.content.readline():
                     if line.strip():
-                        yield json.loads(line)
+                        yield decode(line)
         except TimeoutError as exc:
             raise KubeHTTPError(0, f"watch {path}: nothing in {timeout:g}s") from exc
         except aiohttp.ClientError as exc:

@@ -145,7 +145,7 @@ class FakeKube:
         status: Manifest,
         *,
         resource_version: str | None = None,
-    ) -> Manifest:
+    ) -> None:
         """Merge-patch ``status``; 404 when absent, 409 when ``resource_version`` is given and stale."""
         await self._call("patch", FakeCall("patch_status", kind, namespace, name, {"status": status}))
         key = (api_version, kind, namespace, name)
@@ -167,7 +167,6 @@ class FakeKube:
         if new_status != (obj.get("status") or {}):
             obj["status"] = new_status
             obj["metadata"]["resourceVersion"] = str(next(self._rv))
-        return copy.deepcopy(obj)
 
     async def patch_labels(
         self, api_version: str, kind: str, namespace: str, name: str, labels: dict[str, str]

@@ -231,3 +231,39 @@ def test_every_pod_reader_answers_the_same_on_watched_pods() -> None:
     assert fleet_status.observed(RolloutFleetStatus(), spec, "policy", 1, sts, PODS) == fleet_status.observed(
         RolloutFleetStatus(), spec, "policy", 1, sts, kept
     )
+
+
+def test_a_watch_line_decodes_to_the_projection_of_the_whole_event() -> None:
+    """The watch decodes only what it keeps (``decode_pod_event``, msgspec): the result must be exactly the
+    projection of the fully decoded line, for pods, bookmarks and the 410 ERROR the fallback relies on. A
+    field the projection keeps but the decoder would drop (a new ObjectMeta field) fails here."""
+    from rolloutfleet.adapters.kube_watch import decode_pod_event, pod_projection
+
+    full = {
+        **PODS[0],
+        "metadata": {
+            **PODS[0]["metadata"],
+            "generateName": "policy-",
+            "selfLink": "/api/v1/namespaces/ns/pods/policy-0",
+            "generation": 1,
+            "creationTimestamp": "2026-12-02T00:00:00Z",
+            "deletionTimestamp": "2026-12-02T00:01:00Z",
+            "deletionGracePeriodSeconds": 30,
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "policy", "uid": "u"}],
+            "finalizers": ["example.com/keep"],
+            "annotations": {"a": "b"},
+        },
+    }
+    for pod_ in [full, *PODS]:
+        line = json.dumps({"type": "MODIFIED", "object": pod_}).encode()
+        assert decode_pod_event(line) == {"type": "MODIFIED", "object": pod_projection(pod_)}
+    bookmark = {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": "77"}, "spec": {"containers": None}}
+    assert decode_pod_event(json.dumps({"type": "BOOKMARK", "object": bookmark}).encode())["object"]["metadata"] == {
+        "resourceVersion": "77"
+    }
+    gone = {"kind": "Status", "metadata": {}, "status": "Failure", "message": "too old", "code": 410}
+    event = decode_pod_event(json.dumps({"type": "ERROR", "object": gone}).encode())
+    assert event["type"] == "ERROR" and event["object"]["message"] == "too old"
+    for bad in (b'{"object": {}}', b"[1, 2]", b"not json"):
+        with pytest.raises(ValueError):  # the watch treats it as unreadable and falls back to lists
+            decode_pod_event(bad)
