@@ -557,3 +557,16 @@ async def test_a_failed_call_ends_the_sequence(target: Target, engine: EngineCli
         load_result_from_wire(engine.rpc_part(answer, 0, calls[0]), url=engine.base_url, step=calls[0].step)
     assert err.value.code == "invalid_path"
     assert not await engine.is_paused()
+
+
+async def test_a_pause_sequence_withdraws_the_engine_first(target: Target, engine: EngineClient) -> None:
+    """The pause of the transaction: the admission (ours, answered by the middleware) and vLLM's pause in
+    one request; the readiness probe fails from the withdrawal on."""
+    await engine.admit(None)
+    withdraw = Call("/rolloutfleet/withdraw", "withdraw")
+    pause = Call("/pause", "pause", query=(("mode", "keep"), ("clear_cache", "false")))
+    answer = await engine.sequence([withdraw, pause])
+    assert answer is not None and len(answer.parts) == 2
+    assert engine.part(answer, 0, withdraw)["admitted"] is False
+    assert await engine.admitted() is False and await engine.is_paused()
+    await engine.resume()
