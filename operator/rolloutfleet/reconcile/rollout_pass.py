@@ -663,8 +663,9 @@ class RolloutPass:
             self._set_state(
                 pod, transaction.acknowledged(self.states[pod], decision.step, self.goal, load, membership, stage=stage)
             )
-        if decision.step in (Step.COMMIT_VERIFIER, Step.COMMIT_DRAFT):
-            self._record_staging(pod)  # a commit's result is an observation of the stage too (released)
+        # A step's answer is an observation of the stage too (a stage answers its phase, over budget at once;
+        # the last commit releases it): what staging came to is known without waiting for the next read.
+        self._record_staging(pod)
         if decision.step == Step.RESUME:
             if not read_first:
                 self.reads += 1  # the resume's guard read what the engine holds, in the same request
