@@ -626,9 +626,10 @@ class RolloutPass:
         try:
             async with limit:
                 seconds, result = await executor.execute(self.clients[pod], decision.step, self.goal, timeouts, session)
-        except executor.Held:
+        except executor.Held as held:
             # Resume only on what the engine says now: it changed since the decision (its guard, or the
             # read before a call-by-call resume, said so), so it is decided again from a full read.
+            log.info("pod %s: not resumed: %s; reading it again", pod, held)
             self._leave_batch(pod)
             self.stale.add(pod)
             return
