@@ -112,7 +112,7 @@ async def serve_control(admission: Admission, scope: Scope, receive: Receive, se
     if scope.get("method") != "POST":
         await reply(send, 405, _error(405, "MethodNotAllowed", "use POST"), allow="POST")
         return
-    raw = await _read_body(receive)
+    raw = await read_body(receive)
     if raw is None:  # the client went away before its body arrived: act on nothing
         return
     if len(raw) > MAX_BODY_BYTES:
@@ -134,15 +134,16 @@ async def serve_control(admission: Admission, scope: Scope, receive: Receive, se
     await reply(send, 200, admission.report())
 
 
-async def _read_body(receive: Receive) -> bytes | None:
-    """The request body (cut just past ``MAX_BODY_BYTES``: enough to refuse it), None on a disconnect."""
+async def read_body(receive: Receive, limit: int = MAX_BODY_BYTES) -> bytes | None:
+    """The request body (cut just past ``limit``: enough to refuse it), None on a disconnect. Also read by
+    ``rolloutfleet_worker.sequence`` (with its own limit)."""
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message.get("type") != "http.request":
             return None  # http.disconnect
-        if size <= MAX_BODY_BYTES:
+        if size <= limit:
             chunk = bytes(message.get("body", b""))
             size += len(chunk)
             chunks.append(chunk)

@@ -116,7 +116,7 @@ async def serve(app: ASGIApp, admitted: admission.Admission, scope: Scope, recei
     if scope.get("method") != "POST":
         await admission.reply(send, 405, _error(405, "MethodNotAllowed", "use POST"), allow="POST")
         return
-    raw = await _body(receive)
+    raw = await admission.read_body(receive, MAX_BODY_BYTES)
     if raw is None:  # the client went away before its body arrived: run nothing
         return
     if len(raw) > MAX_BODY_BYTES:
@@ -184,22 +184,6 @@ async def _admission_call(admitted: admission.Admission, path: str, raw: bytes) 
 
     await admission.serve_control(admitted, scope, receive, collect)
     return {"status": status, "body": json.loads(b"".join(chunks) or b"null")}
-
-
-async def _body(receive: Receive) -> bytes | None:
-    """The request body (cut just past ``MAX_BODY_BYTES``: enough to refuse it), None on a disconnect."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message.get("type") != "http.request":
-            return None
-        if size <= MAX_BODY_BYTES:
-            chunk = bytes(message.get("body", b""))
-            size += len(chunk)
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 def _error(status: int, kind: str, message: str) -> dict[str, Any]:

@@ -37,7 +37,7 @@ import dataclasses
 import json
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
 import aiohttp
@@ -640,34 +640,16 @@ class EngineClient:
         if known is not None and known.instance is not None:
             body["instance"] = known.instance
             body["expect"] = guard_of(known)
-        if loads:
-            since = self._loads.since(self.base_url)
-            if since is not None:
-                raise LoadOutcomeUnknown(
-                    f"not sent: an earlier load's outcome became unknown {self._loads.age(self.base_url):.0f}s "
-                    "ago (it may still be running); observe the engine first",
-                    since=since,
-                    url=self.base_url,
-                    step=step,
-                )
+
+        def send() -> Awaitable[Any]:
+            return self._call("POST", SEQUENCE_PATH, step=step, json=body, deadline=deadline)
+
         try:
-            answer = await self._call("POST", SEQUENCE_PATH, step=step, json=body, deadline=deadline)
+            answer = await (self._guarded_load(step, send) if loads else send())
         except EngineHTTPError as exc:
             if exc.status == 404:
                 self._no_sequence[self.base_url] = time.monotonic()
                 return None
-            if loads and exc.status >= 500:
-                self._loads.mark(self.base_url)
-            raise
-        except EngineUnreachable as exc:
-            if loads and exc.sent:
-                self._loads.mark(self.base_url)
-            raise
-        except EngineProtocolError:
-            raise
-        except BaseException:
-            if loads:  # a timeout, a cancelled call: the engine may be loading still
-                self._loads.mark(self.base_url)
             raise
         self._no_sequence.pop(self.base_url, None)
         return wire.sequence_from_wire(answer, len(calls), url=self.base_url)
@@ -743,6 +725,15 @@ class EngineClient:
 
     async def _load_rpc(self, method: str, kwargs: dict[str, Any], step: str, deadline: float | None) -> list[Any]:
         """Send one load RPC unless an earlier one's outcome is unknown; mark it unknown when this one's is."""
+        http = _or(deadline, self.timeouts.load)
+        return await self._guarded_load(
+            step,
+            lambda: self.collective_rpc(method, kwargs=kwargs, timeout=rpc_timeout_below(http), http_timeout=http),
+        )
+
+    async def _guarded_load(self, step: str, send: Callable[[], Awaitable[T]]) -> T:
+        """``send`` a request that changes weights, unless an earlier one's outcome is unknown (raises
+        ``LoadOutcomeUnknown`` without sending); when this one's outcome becomes unknown, mark it so."""
         since = self._loads.since(self.base_url)
         if since is not None:
             raise LoadOutcomeUnknown(
@@ -752,9 +743,8 @@ class EngineClient:
                 url=self.base_url,
                 step=step,
             )
-        http = _or(deadline, self.timeouts.load)
         try:
-            return await self.collective_rpc(method, kwargs=kwargs, timeout=rpc_timeout_below(http), http_timeout=http)
+            return await send()
         except EngineHTTPError as exc:
             if exc.status >= 500:  # e.g. vLLM's RPC timeout: it stopped waiting, its workers did not
                 self._loads.mark(self.base_url)
@@ -764,7 +754,7 @@ class EngineClient:
                 self._loads.mark(self.base_url)
             raise
         except EngineProtocolError:
-            raise  # a 2xx answer: the RPC ran to its end
+            raise  # a 2xx answer: the request ran to its end
         except BaseException:  # a timeout, a cancelled call: the engine may be loading still
             self._loads.mark(self.base_url)
             raise

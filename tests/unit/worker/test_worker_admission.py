@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from control_token import AUTH, TOKEN
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -22,8 +23,6 @@ from rolloutfleet_worker import admission, auth
 
 pytestmark = pytest.mark.unit
 
-TOKEN = "s3cr3t-token-value"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 READY, ADMIT, WITHDRAW = admission.READY_PATH, admission.ADMIT_PATH, admission.WITHDRAW_PATH
 
 
@@ -50,14 +49,6 @@ class Inner:
     async def ok(self, request: Request) -> JSONResponse:
         self.seen.append(request.url.path)
         return JSONResponse({"path": request.url.path})
-
-
-@pytest.fixture
-def token_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    f = tmp_path / "token"
-    f.write_text(TOKEN + "\n")
-    monkeypatch.setenv(auth.TOKEN_FILE_ENV, str(f))
-    return f
 
 
 @pytest.fixture

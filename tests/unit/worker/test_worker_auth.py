@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from control_token import TOKEN
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -19,7 +20,6 @@ from rolloutfleet_worker import auth
 
 pytestmark = pytest.mark.unit
 
-TOKEN = "s3cr3t-token-value"
 OPEN = ["/health", "/ping", "/metrics", "/version", "/load", "/v1/models", "/v1/completions", "/tokenize"]
 OPEN += ["/detokenize", "/invocations"]
 
@@ -33,14 +33,6 @@ def _app() -> Starlette:
     app = Starlette(routes=routes)
     app.add_middleware(auth.ControlAuthMiddleware)  # exactly what vLLM does with --middleware
     return app
-
-
-@pytest.fixture
-def token_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    f = tmp_path / "token"
-    f.write_text(TOKEN + "\n")
-    monkeypatch.setenv(auth.TOKEN_FILE_ENV, str(f))
-    return f
 
 
 @pytest.fixture

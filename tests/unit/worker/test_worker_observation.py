@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from control_token import AUTH
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -23,10 +23,7 @@ from starlette.routing import Route
 
 from rolloutfleet_worker import admission, auth, observation
 
-pytestmark = pytest.mark.unit
-
-TOKEN = "s3cr3t-token-value"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("token_file")]
 
 
 class FakeVllm:
@@ -78,14 +75,6 @@ class FakeVllm:
         app = Starlette(routes=routes)
         app.add_middleware(auth.ControlAuthMiddleware)  # what vLLM's --middleware does
         return app
-
-
-@pytest.fixture(autouse=True)
-def token_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    f = tmp_path / "token"
-    f.write_text(TOKEN + "\n")
-    monkeypatch.setenv(auth.TOKEN_FILE_ENV, str(f))
-    return f
 
 
 @pytest.fixture

@@ -12,11 +12,11 @@ by the contract suite (tests/contract).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from control_token import AUTH
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -24,10 +24,8 @@ from starlette.routing import Route
 
 from rolloutfleet_worker import auth, sequence
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("token_file")]
 
-TOKEN = "s3cr3t-token-value"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 STATE = {"ok": True, "rank": 0, "resident": True, "verifier": {"revision": 2, "digest": "blake3:v2", "path": "/w"}}
 
 
@@ -72,14 +70,6 @@ class FakeVllm:
         app = Starlette(routes=routes)
         app.add_middleware(auth.ControlAuthMiddleware)  # what vLLM's --middleware does
         return app
-
-
-@pytest.fixture(autouse=True)
-def token_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    f = tmp_path / "token"
-    f.write_text(TOKEN + "\n")
-    monkeypatch.setenv(auth.TOKEN_FILE_ENV, str(f))
-    return f
 
 
 @pytest.fixture
