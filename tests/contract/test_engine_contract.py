@@ -570,3 +570,18 @@ async def test_a_pause_sequence_withdraws_the_engine_first(target: Target, engin
     assert engine.part(answer, 0, withdraw)["admitted"] is False
     assert await engine.admitted() is False and await engine.is_paused()
     await engine.resume()
+
+
+async def test_a_call_whose_answer_does_not_hold_its_expectation_ends_the_sequence(
+    target: Target, engine: EngineClient
+) -> None:
+    """vLLM refuses a prefix-cache reset with 200 ``{"success": false}``: the call's ``expect`` must end the
+    sequence there, or the resume after it would run. Shown with a read whose answer is known: a running
+    engine is not paused, so a pause after ``is_paused`` expected true never runs."""
+    await engine.resume()
+    probe = Call("/is_paused", "is_paused", method="GET", expect={"is_paused": True})
+    calls = [probe, Call("/pause", "pause", query=(("mode", "keep"),))]
+    answer = await engine.sequence(calls)
+    assert answer is not None and len(answer.parts) == 1
+    assert engine.part(answer, 0, probe) == {"is_paused": False}
+    assert not await engine.is_paused()

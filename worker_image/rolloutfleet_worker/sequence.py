@@ -15,7 +15,9 @@ The body::
      "expect": {...},               # optional: what every rank's ``rolloutfleet_state`` must hold
      "calls": [{"method": "POST", "path": "/resume", "query": "a=b", "json": {...}}, ...]}
 
-The guard makes a resume safe in one request: the operator names the engine process and the weights it saw
+A call may carry ``"expect": {...}``: its JSON body must hold it, or the sequence ends there (a prefix-cache
+reset that answers ``{"success": false}`` must never be followed by the resume). The guard makes a resume safe
+in one request: the operator names the engine process and the weights it saw
 acknowledged, and the calls run only if both still hold (``expect`` is a subset of each rank's report:
 objects compared key by key, anything else by equality, a missing key reads as null). The answer (200)::
 
@@ -89,7 +91,10 @@ def _call(index: int, call: Any) -> dict[str, Any]:
         raise BodyError(f"{where}.path: {path} cannot be part of a sequence")
     if not isinstance(query, str):
         raise BodyError(f"{where}.query must be a string")
-    return {"method": method, "path": path, "query": query, "json": call.get("json")}
+    expect = call.get("expect")
+    if expect is not None and not isinstance(expect, dict):
+        raise BodyError(f"{where}.expect must be a JSON object")
+    return {"method": method, "path": path, "query": query, "json": call.get("json"), "expect": expect}
 
 
 def holds(actual: Any, expected: Any) -> bool:
@@ -99,9 +104,13 @@ def holds(actual: Any, expected: Any) -> bool:
     return bool(actual == expected)
 
 
-def failed(path: str, answer: dict[str, Any]) -> bool:
-    """Whether a call's answer ends the sequence: not 2xx, or an RPC whose result on some rank is not ok."""
+def failed(path: str, answer: dict[str, Any], expect: Any = None) -> bool:
+    """Whether a call's answer ends the sequence: not 2xx, a body that does not hold the call's ``expect``
+    (vLLM answers some refusals with 200, e.g. ``{"success": false}`` from a prefix-cache reset), or an RPC
+    whose result on some rank is not ok."""
     if not 200 <= int(answer["status"]) < 300:
+        return True
+    if expect is not None and not holds(answer["body"], expect):
         return True
     if path != "/collective_rpc":
         return False
@@ -143,7 +152,7 @@ async def serve(app: ASGIApp, admitted: admission.Admission, scope: Scope, recei
     for call in calls:
         result = await _run(app, admitted, scope, call)
         answer["results"].append(result)
-        if failed(call["path"], result):
+        if failed(call["path"], result, call["expect"]):
             break
     ran = ", ".join(f"{c['path']} {r['status']}" for c, r in zip(calls, answer["results"], strict=False))
     log.info("rolloutfleet: sequence of %d calls ran %d: %s", len(calls), len(answer["results"]), ran)

@@ -560,6 +560,7 @@ class Call:
     query: tuple[tuple[str, str], ...] = ()
     json: Any = None
     method: str = "POST"
+    expect: Any = None  # what the call's JSON body must hold, or the sequence ends there
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.method, "path": self.path}
@@ -567,6 +568,8 @@ class Call:
             out["query"] = urllib.parse.urlencode(self.query)
         if self.json is not None:
             out["json"] = self.json
+        if self.expect is not None:
+            out["expect"] = self.expect
         return out
 
 

@@ -152,7 +152,9 @@ def _resume_calls(goal: Goal, known: EngineState | None) -> list[engine_wire.Cal
         calls.append(engine_wire.Call("/wake_up", "wake_up:kv_cache", query=(("tags", "kv_cache"),)))
     if goal.reset_prefix_cache:
         query = (("reset_running_requests", "true"),)
-        calls.append(engine_wire.Call("/reset_prefix_cache", "reset_prefix_cache", query=query))
+        # vLLM refuses a reset with 200 {"success": false}: the expectation ends the sequence before the resume.
+        reset = engine_wire.Call("/reset_prefix_cache", "reset_prefix_cache", query=query, expect={"success": True})
+        calls.append(reset)
     calls.append(engine_wire.Call("/resume", "resume"))
     return calls
 
@@ -178,8 +180,8 @@ async def _resume(engine: EngineClient, goal: Goal, timeouts: StepTimeouts, ctx:
                 raise StepError(Step.RESUME, "EngineProtocolError", f"the sequence stopped before {call.step}")
             body = engine.part(answer, index, call)  # raises the call's own error
             if call.step == "reset_prefix_cache" and not (isinstance(body, dict) and body.get("success") is True):
-                # vLLM answers success false while KV blocks are held: not resumed (the sequence stopped
-                # only on a status); the engine is still paused, and the step is retried.
+                # The reset did not go through (vLLM answers success false while KV blocks are held): the
+                # sequence ended there, the engine is still paused, and the step is retried.
                 raise StepError(Step.RESUME, "PrefixCacheNotReset", "the prefix cache could not be reset: not resumed")
         return
     if ctx.ready is not None and not await ctx.ready():

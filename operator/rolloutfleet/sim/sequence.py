@@ -86,7 +86,10 @@ def parse(raw: bytes) -> tuple[str | None, Any, list[dict[str, Any]]]:
             raise BodyError(f"{where}.path: {path} cannot be part of a sequence")
         if not isinstance(query, str):
             raise BodyError(f"{where}.query must be a string")
-        out.append({"method": method, "path": path, "query": query, "json": call.get("json")})
+        wants = call.get("expect")  # the call's own expectation (``expect`` above is the guard's)
+        if wants is not None and not isinstance(wants, dict):
+            raise BodyError(f"{where}.expect must be a JSON object")
+        out.append({"method": method, "path": path, "query": query, "json": call.get("json"), "expect": wants})
     return instance, expect, out
 
 
@@ -97,9 +100,11 @@ def holds(actual: Any, expected: Any) -> bool:
     return bool(actual == expected)
 
 
-def failed(path: str, part: dict[str, Any]) -> bool:
-    """Not 2xx, or an RPC with a rank whose result is not ok."""
+def failed(path: str, part: dict[str, Any], expect: Any = None) -> bool:
+    """Not 2xx, a body that does not hold the call's ``expect``, or an RPC with a rank whose result is not ok."""
     if not 200 <= int(part["status"]) < 300:
+        return True
+    if expect is not None and not holds(part["body"], expect):
         return True
     if path != "/collective_rpc":
         return False
@@ -139,7 +144,7 @@ async def serve(host: Host, request: web.Request) -> web.Response:
     for call in calls:
         part = await _call(host, call["method"], call["path"], call["query"], call["json"], headers)
         answer["results"].append(part)
-        if failed(call["path"], part):
+        if failed(call["path"], part, call["expect"]):
             break
     return web.json_response(answer)
 

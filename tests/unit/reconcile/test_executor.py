@@ -384,3 +384,16 @@ async def test_the_pause_withdraws_the_engine_first(
     await executor.execute(client, Step.PAUSE, goal(sleep_mode=False), FAST, executor.SessionContext(known=known))
     assert calls(sim) == ["withdraw", "pause:keep"]
     assert await client.admitted() is False and await client.is_paused()
+
+
+async def test_a_refused_reset_never_lets_the_sequence_resume(client: EngineClient, sim: SimulatedEngine) -> None:
+    """Fail-closed in one request too: vLLM refuses a reset with 200 ``{"success": false}``, which ends the
+    sequence (the call's ``expect``) before the resume; the engine stays paused and the step fails."""
+    known = await paused_at_goal(client)
+    refusal = FaultRule(step="reset_prefix_cache", kind=FaultKind.HTTP_ERROR, status=200, body={"success": False})
+    sim.add_fault(refusal)
+    sim.log.entries.clear()
+    with pytest.raises(executor.StepError) as err:
+        await executor.execute(client, Step.RESUME, goal(sleep_mode=False), FAST, executor.SessionContext(known=known))
+    assert err.value.reason == "PrefixCacheNotReset"
+    assert "resume" not in calls(sim) and (await client.observe()).paused

@@ -124,6 +124,21 @@ async def test_a_failed_call_stops_the_sequence(engine: tuple[FakeVllm, httpx.As
     assert [p for p, _, _, _ in vllm.seen] == ["/pause"]  # the resume never ran
 
 
+async def test_a_call_whose_body_does_not_hold_its_expectation_stops_the_sequence(
+    engine: tuple[FakeVllm, httpx.AsyncClient],
+) -> None:
+    """vLLM refuses some things with a 200 (a prefix-cache reset answers ``{"success": false}``): the call's
+    ``expect`` makes that a stop, so the resume after a refused reset never runs."""
+    vllm, client = engine
+    calls = [{"path": "/reset_prefix_cache", "expect": {"success": False}}, {"path": "/resume"}]  # it answers true
+    body = (await client.post(sequence.SEQUENCE_PATH, headers=AUTH, json={"calls": calls})).json()
+    assert [p["status"] for p in body["results"]] == [200]
+    assert [p for p, _, _, _ in vllm.seen] == ["/reset_prefix_cache"]
+    calls[0]["expect"] = {"success": True}
+    body = (await client.post(sequence.SEQUENCE_PATH, headers=AUTH, json={"calls": calls})).json()
+    assert len(body["results"]) == 2
+
+
 async def test_a_refused_verifier_commit_never_lets_the_draft_commit(
     engine: tuple[FakeVllm, httpx.AsyncClient],
 ) -> None:
@@ -204,6 +219,7 @@ async def test_the_sequence_needs_the_token_and_reaches_nothing_without_it(
         ({"calls": [{"path": "/rolloutfleet/observe"}]}, "cannot be part of a sequence"),
         ({"calls": RESUME, "expect": [1]}, "expect must be a JSON object"),
         ({"calls": RESUME, "instance": ""}, "instance must be"),
+        ({"calls": [{"path": "/resume", "expect": [True]}]}, "calls[0].expect"),
     ],
 )
 async def test_a_malformed_sequence_runs_nothing(
