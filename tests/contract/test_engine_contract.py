@@ -29,6 +29,7 @@ from contract_support import (
 
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.adapters.engine_wire import Call, EngineRPCError, load_result_from_wire
+from rolloutfleet.api import engine as api
 from rolloutfleet_digest import digest_directory
 
 pytestmark = pytest.mark.contract
@@ -585,3 +586,17 @@ async def test_a_call_whose_answer_does_not_hold_its_expectation_ends_the_sequen
     assert answer is not None and len(answer.parts) == 1
     assert engine.part(answer, 0, probe) == {"is_paused": False}
     assert not await engine.is_paused()
+
+
+async def test_both_pre_flights_in_one_request_each_answer_their_own(target: Target, engine: EngineClient) -> None:
+    """The pre-flight of the verifier and the draft in one request (``stop: false``): a refused verifier does
+    not hide the draft's answer, and each reads exactly as its own request would."""
+    w = target.weights
+    good = await engine.preflights([(api.Target.VERIFIER, w.verifier_b), (api.Target.DRAFT, w.draft_b)])
+    alone = await engine.preflight(api.Target.VERIFIER, w.verifier_b)
+    assert good[0] == alone and not isinstance(good[1], BaseException)
+    mixed = await engine.preflights(
+        [(api.Target.VERIFIER, "/nonexistent/rolloutfleet/x"), (api.Target.DRAFT, w.draft_b)]
+    )
+    assert isinstance(mixed[0], EngineRPCError) and mixed[0].code == "invalid_path"
+    assert mixed[1] == good[1]

@@ -25,8 +25,9 @@ objects compared key by key, anything else by equality, a missing key reads as n
      "state": {"status": 200, "body": {"results": [...]}},   # the guard's read, when ``expect`` was given
      "results": [{"status": 200, "body": ...}, ...]}         # the calls that ran, in order
 
-``held`` names the guard that stopped everything (then ``results`` is empty). The calls stop after the first
-one that failed: a status outside 2xx, or a ``/collective_rpc`` with a result that is not ``ok`` (an
+``held`` names the guard that stopped everything (then ``results`` is empty). Unless the body says
+``"stop": false`` (calls that change nothing, e.g. the pre-flights of both targets), the calls stop after the
+first one that failed: a status outside 2xx, or a ``/collective_rpc`` with a result that is not ``ok`` (an
 extension error: e.g. a verifier commit whose bytes changed never lets the draft's commit run). The admission
 routes (``/rolloutfleet/admit``, ``/rolloutfleet/withdraw``) may be calls too; the other ``/rolloutfleet/``
 routes may not (400).
@@ -59,8 +60,9 @@ class BodyError(ValueError):
     """A sequence the route refuses (400), before anything runs."""
 
 
-def parse(raw: bytes) -> tuple[str | None, Any, list[dict[str, Any]]]:
-    """(``instance``, ``expect``, ``calls``) of a sequence body, each call with method, path, query, json."""
+def parse(raw: bytes) -> tuple[str | None, Any, list[dict[str, Any]], bool]:
+    """(``instance``, ``expect``, ``calls``, ``stop``) of a sequence body, each call with method, path, query,
+    json and expect; ``stop`` false runs every call whatever the others answered (reads, e.g. pre-flights)."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
@@ -74,8 +76,11 @@ def parse(raw: bytes) -> tuple[str | None, Any, list[dict[str, Any]]]:
         raise BodyError("expect must be a JSON object")
     if not isinstance(calls, list) or not 1 <= len(calls) <= MAX_CALLS:
         raise BodyError(f"calls must be a list of 1 to {MAX_CALLS} calls")
+    stop = body.get("stop", True)
+    if not isinstance(stop, bool):
+        raise BodyError("stop must be true or false")
     parsed = [_call(i, c) for i, c in enumerate(calls)]
-    return instance, expect, parsed
+    return instance, expect, parsed, stop
 
 
 def _call(index: int, call: Any) -> dict[str, Any]:
@@ -132,7 +137,7 @@ async def serve(app: ASGIApp, admitted: admission.Admission, scope: Scope, recei
         await admission.reply(send, 413, _error(413, "PayloadTooLarge", f"the body is over {MAX_BODY_BYTES} bytes"))
         return
     try:
-        instance, expect, calls = parse(raw)
+        instance, expect, calls, stop = parse(raw)
     except BodyError as exc:
         await admission.reply(send, 400, _error(400, "BadRequestError", str(exc)))
         return
@@ -152,7 +157,7 @@ async def serve(app: ASGIApp, admitted: admission.Admission, scope: Scope, recei
     for call in calls:
         result = await _run(app, admitted, scope, call)
         answer["results"].append(result)
-        if failed(call["path"], result, call["expect"]):
+        if stop and failed(call["path"], result, call["expect"]):
             break
     ran = ", ".join(f"{c['path']} {r['status']}" for c, r in zip(calls, answer["results"], strict=False))
     log.info("rolloutfleet: sequence of %d calls ran %d: %s", len(calls), len(answer["results"]), ran)

@@ -430,13 +430,47 @@ class EngineClient:
         ``io``, ``no_draft``, ``incomplete``, ``load_failed``/``internal``). Passing does not guarantee the
         load: which parameter a checkpoint name fills is decided by vLLM's ``load_weights`` only.
         """
-        step = f"rolloutfleet_preflight:{target}"
         results = await self.collective_rpc(
             "rolloutfleet_preflight",
             kwargs={"target": str(target), "path": path},
             idempotent=True,
             http_timeout=deadline,
         )
+        return self._preflight_result(results, f"rolloutfleet_preflight:{target}")
+
+    async def preflights(
+        self, targets: Sequence[tuple[api.Target, str]], *, deadline: float | None = None
+    ) -> list[api.PreflightResult | wire.EngineError]:
+        """``preflight`` of each (target, path), in one request where the image takes sequences (every one
+        runs whatever the others answer); each a result or the error its own request would have raised."""
+        calls = [
+            wire.Call(
+                "/collective_rpc",
+                f"rolloutfleet_preflight:{t}",
+                json={"method": "rolloutfleet_preflight", "args": [], "kwargs": {"target": str(t), "path": p}},
+            )
+            for t, p in targets
+        ]
+        answer: wire.SequenceAnswer | None = None
+        if len(calls) > 1:
+            try:
+                answer = await self.sequence(calls, stop=False, deadline=deadline)
+            except wire.EngineError as exc:
+                return [exc] * len(calls)
+        out: list[api.PreflightResult | wire.EngineError] = []
+        for index, ((target, path), call) in enumerate(zip(targets, calls, strict=True)):
+            try:
+                if answer is None:
+                    out.append(await self.preflight(target, path, deadline=deadline))
+                elif index >= len(answer.parts):
+                    raise EngineProtocolError("the sequence ended early", url=self.base_url, step=call.step)
+                else:
+                    out.append(self._preflight_result(self.rpc_part(answer, index, call), call.step))
+            except wire.EngineError as exc:
+                out.append(exc)
+        return out
+
+    def _preflight_result(self, results: list[Any], step: str) -> api.PreflightResult:
         checked = wire.agreeing(
             results,
             url=self.base_url,
@@ -622,6 +656,7 @@ class EngineClient:
         *,
         known: api.EngineState | None = None,
         loads: bool = False,
+        stop: bool = True,
         deadline: float | None = None,
     ) -> wire.SequenceAnswer | None:
         """``POST /rolloutfleet/sequence``: ``calls`` run one after the other inside the engine's process,
@@ -631,12 +666,15 @@ class EngineClient:
         ``known``: run the calls only if the engine is still that process and its extension still reports
         the weights ``known`` holds (``guard_of``); otherwise nothing runs (``held``). ``loads``: the calls
         change weights, guarded like ``load`` (not sent while an earlier load's outcome is unknown; their
-        outcome is unknown after a 5xx or a lost answer). Not retried: a step's calls are not idempotent.
+        outcome is unknown after a 5xx or a lost answer). ``stop=False``: every call runs whatever the others
+        answered (for calls that change nothing). Not retried: a step's calls are not idempotent.
         """
         if _believed(self._no_sequence, self.base_url, ENVELOPE_RECHECK_SECONDS):
             return None
         step = "sequence:" + "+".join(c.step for c in calls)
         body: dict[str, Any] = {"calls": [c.to_wire() for c in calls]}
+        if not stop:
+            body["stop"] = False
         if known is not None and known.instance is not None:
             body["instance"] = known.instance
             body["expect"] = guard_of(known)

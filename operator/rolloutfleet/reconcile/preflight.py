@@ -42,25 +42,27 @@ class Refusal:
 async def check(goal: Goal, pods: Sequence[str], clients: Mapping[str, EngineClient], deadline: float) -> list[Refusal]:
     """Ask every engine about the goal's checkpoints; the refusals about the checkpoints (empty: go)."""
     # Pushed targets have no checkpoint to check: the trainer's digest and the session verify them.
-    targets = [(Target.VERIFIER, goal.verifier_path)] if goal.verifier_path is not None else []
+    targets: list[tuple[Target, str]] = [(Target.VERIFIER, goal.verifier_path)] if goal.verifier_path else []
     if goal.draft_path is not None:
         targets.append((Target.DRAFT, goal.draft_path))
     if not targets:
         return []
 
-    async def one(pod: str, target: Target, path: str) -> Refusal | None:
-        try:
-            await clients[pod].preflight(target, path, deadline=deadline)
-        except engine_wire.EngineRPCError as exc:
-            if exc.code in CHECKPOINT_CODES:
-                return Refusal(pod, target, exc.code, exc.message)
-            log.info("pod %s: pre-flight of the %s not conclusive: %s", pod, target, exc)
-        except engine_wire.EngineError as exc:  # unreachable, an older image (no such RPC), a 500
-            log.info("pod %s: no pre-flight of the %s: %s", pod, target, exc)
-        return None
+    async def one(pod: str) -> list[Refusal]:
+        refusals = []
+        answers = await clients[pod].preflights(targets, deadline=deadline)  # both in one request where it can
+        for (target, _), answer in zip(targets, answers, strict=True):
+            if isinstance(answer, engine_wire.EngineRPCError):
+                if answer.code in CHECKPOINT_CODES:
+                    refusals.append(Refusal(pod, target, answer.code, answer.message))
+                else:
+                    log.info("pod %s: pre-flight of the %s not conclusive: %s", pod, target, answer)
+            elif isinstance(answer, engine_wire.EngineError):  # unreachable, an older image (no such RPC), a 500
+                log.info("pod %s: no pre-flight of the %s: %s", pod, target, answer)
+        return refusals
 
-    answers = await fanout.bounded((one(pod, t, path) for pod in pods for t, path in targets), CONCURRENCY)
-    return [a for a in answers if a is not None]
+    answers = await fanout.bounded((one(pod) for pod in pods), CONCURRENCY)
+    return [refusal for refusals in answers for refusal in refusals]
 
 
 def summary(refusals: list[Refusal], total: int) -> str:

@@ -57,8 +57,8 @@ class BodyError(ValueError):
     """A sequence refused before anything runs (400)."""
 
 
-def parse(raw: bytes) -> tuple[str | None, Any, list[dict[str, Any]]]:
-    """``rolloutfleet_worker.sequence.parse``: (instance, expect, calls)."""
+def parse(raw: bytes) -> tuple[str | None, Any, list[dict[str, Any]], bool]:
+    """``rolloutfleet_worker.sequence.parse``: (instance, expect, calls, stop)."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
@@ -72,6 +72,9 @@ def parse(raw: bytes) -> tuple[str | None, Any, list[dict[str, Any]]]:
         raise BodyError("expect must be a JSON object")
     if not isinstance(calls, list) or not 1 <= len(calls) <= MAX_CALLS:
         raise BodyError(f"calls must be a list of 1 to {MAX_CALLS} calls")
+    stop = body.get("stop", True)
+    if not isinstance(stop, bool):
+        raise BodyError("stop must be true or false")
     out = []
     for index, call in enumerate(calls):
         where = f"calls[{index}]"
@@ -90,7 +93,7 @@ def parse(raw: bytes) -> tuple[str | None, Any, list[dict[str, Any]]]:
         if wants is not None and not isinstance(wants, dict):
             raise BodyError(f"{where}.expect must be a JSON object")
         out.append({"method": method, "path": path, "query": query, "json": call.get("json"), "expect": wants})
-    return instance, expect, out
+    return instance, expect, out, stop
 
 
 def holds(actual: Any, expected: Any) -> bool:
@@ -122,7 +125,7 @@ async def serve(host: Host, request: web.Request) -> web.Response:
     if len(raw) > MAX_BODY_BYTES:
         return _error(413, "PayloadTooLarge", f"the body is over {MAX_BODY_BYTES} bytes")
     try:
-        instance, expect, calls = parse(raw)
+        instance, expect, calls, stop = parse(raw)
     except BodyError as exc:
         return _error(400, "BadRequestError", str(exc))
     answer: dict[str, Any] = {"admission": host.admission_report(), "held": None, "results": []}
@@ -144,7 +147,7 @@ async def serve(host: Host, request: web.Request) -> web.Response:
     for call in calls:
         part = await _call(host, call["method"], call["path"], call["query"], call["json"], headers)
         answer["results"].append(part)
-        if failed(call["path"], part, call["expect"]):
+        if stop and failed(call["path"], part, call["expect"]):
             break
     return web.json_response(answer)
 

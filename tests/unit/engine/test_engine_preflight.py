@@ -243,3 +243,18 @@ async def test_ranks_must_agree(fleet: SimulatedFleet, ckpt: dict[str, str]) -> 
         tp.add_fault(FaultRule(step="rolloutfleet_preflight:verifier", kind=FaultKind.SPLIT_RANKS))
         with pytest.raises(EngineInconsistent):
             await client.preflight("verifier", ckpt["v2"])
+
+
+@pytest.mark.parametrize("sequences", [True, False], ids=["one-request", "an-image-without-sequences"])
+async def test_both_pre_flights_answer_apart_whether_sent_together_or_not(
+    client: EngineClient, sim: SimulatedEngine, ckpt: dict[str, str], sequences: bool
+) -> None:
+    """``preflights`` sends both targets in one request where it can (a refusal of one never hides the other's
+    answer) and falls back to a request each on an image without ``/rolloutfleet/sequence`` (404)."""
+    if not sequences:
+        sim.add_fault(FaultRule(step="sequence", kind=FaultKind.HTTP_ERROR, status=404, body={"detail": "Not Found"}))
+    answers = await client.preflights(
+        [(api.Target.VERIFIER, ckpt["root"] + "/missing"), (api.Target.DRAFT, ckpt["d2"])]
+    )
+    assert isinstance(answers[0], EngineRPCError) and answers[0].code == "invalid_path"
+    assert answers[1] == await client.preflight(api.Target.DRAFT, ckpt["d2"])

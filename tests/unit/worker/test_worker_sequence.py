@@ -139,6 +139,18 @@ async def test_a_call_whose_body_does_not_hold_its_expectation_stops_the_sequenc
     assert len(body["results"]) == 2
 
 
+async def test_stop_false_runs_every_call_whatever_the_others_answered(
+    engine: tuple[FakeVllm, httpx.AsyncClient],
+) -> None:
+    """For calls that change nothing (the pre-flights of both targets): the draft's answer is wanted even when
+    the verifier's is a refusal."""
+    vllm, client = engine
+    vllm.commit_fails.add("verifier")
+    calls = [_commit("verifier"), _commit("draft")]
+    body = (await client.post(sequence.SEQUENCE_PATH, headers=AUTH, json={"calls": calls, "stop": False})).json()
+    assert [p["body"]["results"][0]["ok"] for p in body["results"]] == [False, True]
+
+
 async def test_a_refused_verifier_commit_never_lets_the_draft_commit(
     engine: tuple[FakeVllm, httpx.AsyncClient],
 ) -> None:
@@ -220,6 +232,7 @@ async def test_the_sequence_needs_the_token_and_reaches_nothing_without_it(
         ({"calls": RESUME, "expect": [1]}, "expect must be a JSON object"),
         ({"calls": RESUME, "instance": ""}, "instance must be"),
         ({"calls": [{"path": "/resume", "expect": [True]}]}, "calls[0].expect"),
+        ({"calls": RESUME, "stop": "no"}, "stop must be"),
     ],
 )
 async def test_a_malformed_sequence_runs_nothing(
