@@ -20,7 +20,7 @@ import pathlib
 import struct
 
 import pytest
-from contract_support import Target, complete, header_totals, write_checkpoint
+from contract_support import Target, Weights, complete, header_totals, write_checkpoint
 
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.adapters.engine_wire import EngineRPCError, load_result_from_wire
@@ -50,6 +50,14 @@ async def settled(engine: EngineClient, *, within: float = STAGE_WAIT_SECONDS) -
         if loop.time() >= end:
             raise AssertionError(f"still staging after {within:g}s: {stage}")
         await asyncio.sleep(0.01)
+
+
+async def staged_b(engine: EngineClient, w: Weights) -> StageState:
+    """Where most tests start: revision 1 (pair A) loaded, revision 2 (pair B) staged and settled."""
+    await fresh(engine)
+    await load_pair(engine, w.verifier_a, w.draft_a, 1)
+    await engine.stage(2, w.verifier_b, w.draft_b)
+    return await settled(engine)
 
 
 async def load_pair(engine: EngineClient, verifier: str, draft: str, revision: int) -> None:
@@ -142,10 +150,7 @@ async def test_a_staged_load_commits_the_stage_and_the_last_commit_releases_it(
     target: Target, engine: EngineClient
 ) -> None:
     w = target.weights
-    await fresh(engine)
-    await load_pair(engine, w.verifier_a, w.draft_a, 1)
-    await engine.stage(2, w.verifier_b, w.draft_b)
-    stage = await settled(engine)
+    stage = await staged_b(engine, w)
     assert stage.draft is not None
     await engine.pause(mode="keep", clear_cache=False)
     # Every rule of a load holds for a commit: the draft only after the verifier holds its revision.
@@ -233,10 +238,7 @@ async def test_bad_stages_answer_the_load_codes_at_once_and_keep_the_held_stage(
 
 async def test_unstage_releases_the_stage(target: Target, engine: EngineClient) -> None:
     w = target.weights
-    await fresh(engine)
-    await load_pair(engine, w.verifier_a, w.draft_a, 1)
-    await engine.stage(2, w.verifier_b, w.draft_b)
-    held = await settled(engine)
+    held = await staged_b(engine, w)
     assert await engine.unstage() >= held.bytes_total
     assert (await engine.observe()).staged is None
     assert await refused(engine, "verifier", w.verifier_b, 2) == "not_staged"
@@ -304,10 +306,7 @@ async def test_a_corrupt_checkpoint_fails_its_stage(
 async def test_one_sequence_commits_the_verifier_then_the_draft(target: Target, engine: EngineClient) -> None:
     """Issue 17: the commit of both targets in one request, the draft only after the verifier's commit."""
     w = target.weights
-    await fresh(engine)
-    await load_pair(engine, w.verifier_a, w.draft_a, 1)
-    await engine.stage(2, w.verifier_b, w.draft_b)
-    stage = await settled(engine)
+    stage = await staged_b(engine, w)
     assert stage.draft is not None
     await engine.pause(mode="keep", clear_cache=False)
     # A verifier commit that is refused (not the staged path) stops the sequence: the draft is not committed.
