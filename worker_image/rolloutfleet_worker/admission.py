@@ -101,7 +101,7 @@ def parse_admit(raw: bytes) -> tuple[int | None, str | None]:
 async def serve_ready(admission: Admission, scope: Scope, send: Send) -> None:
     """``GET /rolloutfleet/ready``: 200 when admitted, 503 before. No engine call, no token, no secrets."""
     if scope.get("method", "GET") not in ("GET", "HEAD"):
-        await reply(send, 405, _error(405, "MethodNotAllowed", "use GET"), allow="GET, HEAD")
+        await reply(send, 405, error_body(405, "MethodNotAllowed", "use GET"), allow="GET, HEAD")
         return
     body = admission.report()
     await reply(send, 200 if admission.admitted else 503, body, head=scope.get("method") == "HEAD")
@@ -110,13 +110,13 @@ async def serve_ready(admission: Admission, scope: Scope, send: Send) -> None:
 async def serve_control(admission: Admission, scope: Scope, receive: Receive, send: Send) -> None:
     """``POST /rolloutfleet/admit`` and ``/rolloutfleet/withdraw``; the caller checked the token."""
     if scope.get("method") != "POST":
-        await reply(send, 405, _error(405, "MethodNotAllowed", "use POST"), allow="POST")
+        await reply(send, 405, error_body(405, "MethodNotAllowed", "use POST"), allow="POST")
         return
     raw = await read_body(receive)
     if raw is None:  # the client went away before its body arrived: act on nothing
         return
     if len(raw) > MAX_BODY_BYTES:
-        await reply(send, 413, _error(413, "PayloadTooLarge", f"the body is over {MAX_BODY_BYTES} bytes"))
+        await reply(send, 413, error_body(413, "PayloadTooLarge", f"the body is over {MAX_BODY_BYTES} bytes"))
         return
     if scope.get("path") == WITHDRAW_PATH:
         admission.withdraw()  # any body is ignored: withdrawing never needs a reason
@@ -124,11 +124,11 @@ async def serve_control(admission: Admission, scope: Scope, receive: Receive, se
         try:
             revision, instance = parse_admit(raw)
         except BodyError as exc:
-            await reply(send, 400, _error(400, "BadRequestError", str(exc)))
+            await reply(send, 400, error_body(400, "BadRequestError", str(exc)))
             return
         if instance is not None and instance != admission.instance:
             message = f"this is engine process {admission.instance}, not {instance}: observe it again"
-            await reply(send, 409, _error(409, "Conflict", message))
+            await reply(send, 409, error_body(409, "Conflict", message))
             return
         admission.admit(revision)
     await reply(send, 200, admission.report())
@@ -151,7 +151,8 @@ async def read_body(receive: Receive, limit: int = MAX_BODY_BYTES) -> bytes | No
             return b"".join(chunks)
 
 
-def _error(status: int, kind: str, message: str) -> dict[str, Any]:
+def error_body(status: int, kind: str, message: str) -> dict[str, Any]:
+    """vLLM's error body shape (also answered by ``rolloutfleet_worker.sequence``)."""
     return {"error": {"message": message, "type": kind, "code": status}}
 
 

@@ -128,18 +128,20 @@ def failed(path: str, answer: dict[str, Any], expect: Any = None) -> bool:
 async def serve(app: ASGIApp, admitted: admission.Admission, scope: Scope, receive: Receive, send: Send) -> None:
     """Run one sequence (the caller has checked the token)."""
     if scope.get("method") != "POST":
-        await admission.reply(send, 405, _error(405, "MethodNotAllowed", "use POST"), allow="POST")
+        await admission.reply(send, 405, admission.error_body(405, "MethodNotAllowed", "use POST"), allow="POST")
         return
     raw = await admission.read_body(receive, MAX_BODY_BYTES)
     if raw is None:  # the client went away before its body arrived: run nothing
         return
     if len(raw) > MAX_BODY_BYTES:
-        await admission.reply(send, 413, _error(413, "PayloadTooLarge", f"the body is over {MAX_BODY_BYTES} bytes"))
+        await admission.reply(
+            send, 413, admission.error_body(413, "PayloadTooLarge", f"the body is over {MAX_BODY_BYTES} bytes")
+        )
         return
     try:
         instance, expect, calls, stop = parse(raw)
     except BodyError as exc:
-        await admission.reply(send, 400, _error(400, "BadRequestError", str(exc)))
+        await admission.reply(send, 400, admission.error_body(400, "BadRequestError", str(exc)))
         return
     answer: dict[str, Any] = {"admission": admitted.report(), "held": None, "results": []}
     if instance is not None and instance != admitted.instance:
@@ -172,33 +174,11 @@ def _state_holds(state: dict[str, Any], expect: Any) -> bool:
 
 
 async def _run(app: ASGIApp, admitted: admission.Admission, scope: Scope, call: dict[str, Any]) -> dict[str, Any]:
-    body = call["json"]
-    if call["path"] in admission.CONTROL_PATHS:  # ours, not vLLM's: answered by the admission itself
-        return await _admission_call(admitted, call["path"], b"" if body is None else json.dumps(body).encode())
-    return await observation.call(app, scope, call["method"], call["path"], body, call["query"])
+    """One call, in process: vLLM's routes through the app below the middleware, the admission routes (ours,
+    not vLLM's) through the admission itself; both captured the same way (``observation.call``)."""
 
+    async def control(inner: Scope, receive: Receive, send: Send) -> None:
+        await admission.serve_control(admitted, inner, receive, send)
 
-async def _admission_call(admitted: admission.Admission, path: str, raw: bytes) -> dict[str, Any]:
-    """``/rolloutfleet/admit`` or ``/withdraw`` as the middleware answers them, captured."""
-    scope: Scope = {"type": "http", "method": "POST", "path": path}
-    delivered = False
-    status, chunks = 500, []
-
-    async def receive() -> Message:
-        nonlocal delivered
-        delivered = True
-        return {"type": "http.request", "body": raw, "more_body": False}
-
-    async def collect(message: Message) -> None:
-        nonlocal status
-        if message["type"] == "http.response.start":
-            status = int(message["status"])
-        elif message["type"] == "http.response.body":
-            chunks.append(bytes(message.get("body", b"")))
-
-    await admission.serve_control(admitted, scope, receive, collect)
-    return {"status": status, "body": json.loads(b"".join(chunks) or b"null")}
-
-
-def _error(status: int, kind: str, message: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "code": status}}
+    target: ASGIApp = control if call["path"] in admission.CONTROL_PATHS else app
+    return await observation.call(target, scope, call["method"], call["path"], call["json"], call["query"])

@@ -271,9 +271,7 @@ class EngineClient:
     ) -> list[Any]:
         """``POST /collective_rpc``: one result per worker. ``timeout`` is vLLM's own RPC timeout (vLLM stops
         waiting for its workers then, which keep running); ``http_timeout`` is this call's deadline."""
-        payload: wire.CollectiveRPCRequest = {"method": method, "args": list(args), "kwargs": kwargs or {}}
-        if timeout is not None:
-            payload["timeout"] = timeout
+        payload = rpc_call(method, kwargs or {}, step=method, timeout=timeout, args=args).json
         body = await self._call(
             "POST",
             "/collective_rpc",
@@ -444,11 +442,7 @@ class EngineClient:
         """``preflight`` of each (target, path), in one request where the image takes sequences (every one
         runs whatever the others answer); each a result or the error its own request would have raised."""
         calls = [
-            wire.Call(
-                "/collective_rpc",
-                f"rolloutfleet_preflight:{t}",
-                json={"method": "rolloutfleet_preflight", "args": [], "kwargs": {"target": str(t), "path": p}},
-            )
+            rpc_call("rolloutfleet_preflight", {"target": str(t), "path": p}, step=f"rolloutfleet_preflight:{t}")
             for t, p in targets
         ]
         answer: wire.SequenceAnswer | None = None
@@ -457,15 +451,20 @@ class EngineClient:
                 answer = await self.sequence(calls, stop=False, deadline=deadline)
             except wire.EngineError as exc:
                 return [exc] * len(calls)
+        if answer is None:  # a request each, at once (as they went before sequences)
+            apart = await asyncio.gather(
+                *(self.preflight(t, p, deadline=deadline) for t, p in targets), return_exceptions=True
+            )
+            for failure in apart:
+                if isinstance(failure, BaseException) and not isinstance(failure, wire.EngineError):
+                    raise failure  # a bug, not an engine's answer
+            return cast(list[api.PreflightResult | wire.EngineError], apart)
         out: list[api.PreflightResult | wire.EngineError] = []
-        for index, ((target, path), call) in enumerate(zip(targets, calls, strict=True)):
+        for index, call in enumerate(calls):
             try:
-                if answer is None:
-                    out.append(await self.preflight(target, path, deadline=deadline))
-                elif index >= len(answer.parts):
+                if index >= len(answer.parts):
                     raise EngineProtocolError("the sequence ended early", url=self.base_url, step=call.step)
-                else:
-                    out.append(self._preflight_result(self.rpc_part(answer, index, call), call.step))
+                out.append(self._preflight_result(self.rpc_part(answer, index, call), call.step))
             except wire.EngineError as exc:
                 out.append(exc)
         return out
@@ -695,8 +694,9 @@ class EngineClient:
     def commit_call(self, target: api.Target, path: str, revision: int, *, deadline: float) -> wire.Call:
         """A staged load of ``target`` (``load(..., staged=True)``) as a call of a sequence."""
         kwargs = {"target": str(target), "path": path, "revision": revision, "staged": True}
-        body = {"method": "rolloutfleet_load", "args": [], "kwargs": kwargs, "timeout": rpc_timeout_below(deadline)}
-        return wire.Call("/collective_rpc", f"rolloutfleet_load:{target}", json=body)
+        return rpc_call(
+            "rolloutfleet_load", kwargs, step=f"rolloutfleet_load:{target}", timeout=rpc_timeout_below(deadline)
+        )
 
     def part(self, answer: wire.SequenceAnswer, index: int, call: wire.Call) -> Any:
         """The body call ``index`` of ``answer`` answered, or the error it would have raised on its own
@@ -1031,6 +1031,16 @@ class EnginePool:
 
     def for_address(self, ip: str, port: int = 8000) -> EngineClient:
         return self.client(f"http://{ip}:{port}")
+
+
+def rpc_call(
+    method: str, kwargs: dict[str, Any], *, step: str, timeout: float | None = None, args: Sequence[Any] = ()
+) -> wire.Call:
+    """``POST /collective_rpc`` of ``method`` as a call (of a sequence; ``collective_rpc`` sends its body)."""
+    body: wire.CollectiveRPCRequest = {"method": method, "args": list(args), "kwargs": kwargs}
+    if timeout is not None:
+        body["timeout"] = timeout
+    return wire.Call("/collective_rpc", step, json=body)
 
 
 def guard_of(known: api.EngineState) -> dict[str, Any]:

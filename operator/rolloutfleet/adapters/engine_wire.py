@@ -577,14 +577,12 @@ class Call:
 class SequenceAnswer:
     """What a sequence did: ``held`` names the guard that stopped it (``instance``, ``state``) before any
     call ran; ``parts`` holds the ``{"status", "body"}`` of each call that ran, in order (the calls stop
-    after the first failed one); ``state`` is the guard's read of ``rolloutfleet_state`` (checked like an
-    observation's), when one was asked for and answered."""
+    after the first failed one); ``admitted`` and ``instance``: the engine process's admission."""
 
     held: str | None
     admitted: bool | None
     instance: str | None
     parts: tuple[dict[str, Any], ...]
-    state: list[StateResult] | EngineError | None
 
 
 def sequence_from_wire(body: Any, calls: int, *, url: str) -> SequenceAnswer:
@@ -603,19 +601,4 @@ def sequence_from_wire(body: Any, calls: int, *, url: str) -> SequenceAnswer:
     except (KeyError, TypeError, AttributeError) as exc:
         message = f"malformed sequence answer ({exc}): {_short(body, 200)}"
         raise EngineProtocolError(message, url=url, step=step) from exc
-    state: list[StateResult] | EngineError | None = None
-    part = body.get("state")
-    if isinstance(part, dict) and isinstance(part.get("status"), int):
-        if not 200 <= part["status"] < 300:
-            state = EngineHTTPError(part["status"], part.get("body"), url=url, step="rolloutfleet_state")
-        else:
-            try:
-                results = part["body"]["results"] if isinstance(part.get("body"), dict) else None
-                if not isinstance(results, list):
-                    raise EngineProtocolError(
-                        f"not RPC results: {_short(part.get('body'), 200)}", url=url, step="rolloutfleet_state"
-                    )
-                state = states_from_wire(results, url=url)
-            except EngineError as exc:
-                state = exc
-    return SequenceAnswer(held, admitted, instance, tuple(parts), state)
+    return SequenceAnswer(held, admitted, instance, tuple(parts))

@@ -207,8 +207,8 @@ class WatchedList:
         name = str(obj["metadata"]["name"])
         if kind == "DELETED":
             self.items.pop(name, None)
-        else:  # ADDED, MODIFIED
-            self.items[name] = pod_projection(obj)
+        else:  # ADDED, MODIFIED: decoded as the projection already (``decode_pod_event``)
+            self.items[name] = obj
         return True
 
 

@@ -67,6 +67,19 @@ def with_reference_digests(goal: Goal, states: Iterable[EngineState]) -> Goal:
     )
 
 
+def votes(state: EngineState) -> tuple[object, ...]:
+    """What of an engine's state ``with_reference_digests`` counts: equal votes, equal reference digests
+    (``reconcile.rollout_pass`` counts them again only when some pod's votes changed)."""
+    draft = state.draft
+    return (
+        state.reachable,
+        state.verifier.revision,
+        state.verifier.digest,
+        None if draft is None else (draft.revision, draft.digest),
+        state.staged,
+    )
+
+
 def _staged_votes(goal: Goal, states: list[EngineState], target: Target) -> list[str]:
     """Staged digests of ``target`` at the goal's revision, from pods that have not loaded it (one vote each)."""
     votes = []

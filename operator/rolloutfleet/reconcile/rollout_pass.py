@@ -129,7 +129,7 @@ class RolloutPass:
         self.resume_batch: dict[str, _Batch] = {}  # AllAtOnce: pods routed back in once their batch resumed
         self.decided_goal: Goal | None = None  # the goal (with reference digests) decisions were made for
         self.reference: tuple[Goal, Goal] | None = None  # (goal, the goal with the pods' reference digests)
-        self.digests_moved = True  # a read or a load's answer since the reference digests were counted
+        self.digests_moved = True  # some pod's votes changed since the reference digests were counted
         self.verified: set[str] = set()  # pods read from the engine when they were ready to resume or done
         self.decisions: dict[str, Decision] = {}
         self.messages: dict[str, str] = {}
@@ -403,7 +403,7 @@ class RolloutPass:
         now = time.monotonic()
         self._mark_group(now)
         if self.digests_moved or self.reference is None or self.reference[0] is not self.goal:
-            # Only a read or a load's answer can move the pods' majority digests: not recounted otherwise.
+            # The majority digests move only when some pod's votes did (``verification.votes``).
             self.reference = (self.goal, verification.with_reference_digests(self.goal, list(self.states.values())))
             self.digests_moved = False
         goal = self.reference[1]
@@ -444,7 +444,7 @@ class RolloutPass:
         """What the engine holds now (read, or acknowledged); notes when its votes for the reference digests
         changed (``verification``): only then are they counted again over the whole fleet."""
         old = self.states.get(pod)
-        if old is None or _votes(old) != _votes(state):
+        if old is None or verification.votes(old) != verification.votes(state):
             self.digests_moved = True
         self.states[pod] = state
 
@@ -756,13 +756,13 @@ class RolloutPass:
         body, state = self.pods.bodies.get(pod), self.states.get(pod)
         if body is None or state is None:
             return
+        client = self.clients[pod]
         try:
-            client = self.clients[pod]
             if value:
-                self.states[pod] = await gates.open_for(self.ctx, body, client, state, reason, message)
+                state = await gates.open_for(self.ctx, body, client, state, reason, message)
             else:
-                closed = await gates.close_for(self.ctx, body, client, state, reason, message, withdraw=not pausing)
-                self.states[pod] = closed
+                state = await gates.close_for(self.ctx, body, client, state, reason, message, withdraw=not pausing)
+            self.states[pod] = state
         except KubeError as exc:  # the end-of-pass sync writes it again
             log.warning("pod %s: readiness gate not written: %s", pod, exc)
 
@@ -990,15 +990,3 @@ class RolloutPass:
         for pod in self.order:  # the rollback gets its own retry budget
             self.memory.attempts.pop((self.key, pod), None)
         return PassOutcome(again=True, idle=False)
-
-
-def _votes(state: engine.EngineState) -> tuple[object, ...]:
-    """What of an engine's state ``verification.with_reference_digests`` counts."""
-    draft = state.draft
-    return (
-        state.reachable,
-        state.verifier.revision,
-        state.verifier.digest,
-        None if draft is None else (draft.revision, draft.digest),
-        state.staged,
-    )

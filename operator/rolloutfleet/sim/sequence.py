@@ -162,8 +162,14 @@ async def _call(
     inner = InnerRequest(method, path, query, raw, headers)
     resp = await handler(cast(web.Request, inner))
     assert isinstance(resp, web.Response)
+    return part(resp)
+
+
+def part(resp: web.Response) -> dict[str, Any]:
+    """One route's answer as an envelope carries it (a sequence's results, ``/rolloutfleet/observe``'s routes):
+    its status and its (decoded) body."""
     text = resp.text if resp.body is not None else ""
-    decoded: Any = text or ""
+    body: Any = text or ""
     if resp.content_type == "application/json" and text:
-        decoded = json.loads(text)
-    return {"status": resp.status, "body": decoded}
+        body = json.loads(text)
+    return {"status": resp.status, "body": body}

@@ -411,7 +411,7 @@ class SimulatedEngine:
                 self._rpc_call({"method": "rolloutfleet_state", "args": [], "kwargs": {}}),
             )
             keys = ("is_paused", "is_sleeping", "weight_info", "state")
-            routes = {key: _part(resp) for key, resp in zip(keys, answers, strict=True)}
+            routes = {key: sequence.part(resp) for key, resp in zip(keys, answers, strict=True)}
             return self._body({"admission": report, "routes": routes})
 
         return await self.run_step(["observe"], {}, act, log=False)
@@ -643,15 +643,6 @@ def _admit_body(raw: bytes) -> tuple[int | None, str | None, str | None]:
 async def _not_found() -> web.Response:
     """What vLLM (FastAPI) answers for a route it does not have."""
     return web.json_response({"detail": "Not Found"}, status=404)
-
-
-def _part(resp: web.Response) -> dict[str, Any]:
-    """One route's answer as ``/rolloutfleet/observe`` carries it: its status and its (decoded) body."""
-    text = resp.text if resp.body is not None else ""
-    body: Any = text or ""
-    if resp.content_type == "application/json" and text:
-        body = json.loads(text)
-    return {"status": resp.status, "body": body}
 
 
 async def _json(request: web.Request) -> Any:
