@@ -1,8 +1,9 @@
 """The operator's per-pod transaction, driven against one real engine (no Kubernetes on the device).
 
 Used by the GPU tests: ``converge`` is exactly what ``reconcile.revision`` does for one pod — observe the
-engine, ask the pure planner (``planning.transaction.next_step``) for the next step, run it with the
-executor (``reconcile.executor.execute``) — until the planner says DONE. ``goal_for`` builds the goal the
+engine, ask the pure planner (``planning.transaction.next_step``) for the next step, run it and the steps
+that follow it for certain (``transaction.chain``) with the executor (``reconcile.executor.execute_chain``) —
+until the planner says DONE. ``goal_for`` builds the goal the
 operator would derive from a WeightRevision of the A or B pair with a co-updated draft.
 
 ``ROLLOUTFLEET_GPU_STAGING=1`` runs the suite with staging on (docs/staging.md): goals carry the fleet's
@@ -86,7 +87,13 @@ async def converge(client: EngineClient, goal: transaction.Goal, *, max_steps: i
             await asyncio.sleep(0.02)  # the engine stages (and serves) by itself: read it again
             continue
         assert decision.step in transaction.ACTIONS, (decision, state)
-        # As the operator runs it: the state decided on guards the resume (and lets a commit take both).
-        took, _ = await executor.execute(client, decision.step, goal, timeouts, executor.SessionContext(known=state))
-        steps.append((decision.step.value, round(float(took), 4)))
+        # As the operator runs it: the steps that follow for certain go in one request (a sleep-mode pause,
+        # sleep, wake and verifier load; a pause and its commits), the state decided on guards the resume
+        # (and lets a commit take both).
+        chain = (decision.step,)
+        if decision.step in transaction.CHAIN_THROUGH:
+            chain = transaction.chain(goal, state, decision.step)
+        session = executor.SessionContext(known=state)
+        for done in await executor.execute_chain(client, chain, goal, timeouts, session):
+            steps.append((done.step.value, round(float(done.seconds or 0.0), 4)))
     raise AssertionError(f"no convergence to revision {goal.revision} within {max_steps} steps: {steps}")

@@ -23,7 +23,7 @@ objects compared key by key, anything else by equality, a missing key reads as n
 
     {"admission": {...}, "held": null | "instance" | "state",
      "state": {"status": 200, "body": {"results": [...]}},   # the guard's read, when ``expect`` was given
-     "results": [{"status": 200, "body": ...}, ...]}         # the calls that ran, in order
+     "results": [{"status": 200, "body": ..., "seconds": 0.012}, ...]}  # the calls that ran, in order
 
 ``held`` names the guard that stopped everything (then ``results`` is empty). Unless the body says
 ``"stop": false`` (calls that change nothing, e.g. the pre-flights of both targets), the calls stop after the
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
@@ -157,7 +158,10 @@ async def serve(app: ASGIApp, admitted: admission.Admission, scope: Scope, recei
             await admission.reply(send, 200, answer)
             return
     for call in calls:
+        started = time.perf_counter()
         result = await _run(app, admitted, scope, call)
+        # Each call's own time: the operator times the steps of a chain sent in one request (their metrics).
+        result["seconds"] = round(time.perf_counter() - started, 6)
         answer["results"].append(result)
         if stop and failed(call["path"], result, call["expect"]):
             break

@@ -693,10 +693,30 @@ class EngineClient:
 
     def commit_call(self, target: api.Target, path: str, revision: int, *, deadline: float) -> wire.Call:
         """A staged load of ``target`` (``load(..., staged=True)``) as a call of a sequence."""
-        kwargs = {"target": str(target), "path": path, "revision": revision, "staged": True}
+        return self.load_call(target, path, revision, staged=True, deadline=deadline)
+
+    def load_call(
+        self, target: api.Target, path: str, revision: int, *, staged: bool = False, deadline: float
+    ) -> wire.Call:
+        """``load(target, path, revision, staged=...)`` as a call of a sequence (``load_part`` reads its answer)."""
+        kwargs: dict[str, Any] = {"target": str(target), "path": path, "revision": revision}
+        if staged:
+            kwargs["staged"] = True
         return rpc_call(
             "rolloutfleet_load", kwargs, step=f"rolloutfleet_load:{target}", timeout=rpc_timeout_below(deadline)
         )
+
+    def load_part(self, answer: wire.SequenceAnswer, index: int, call: wire.Call) -> api.LoadResult:
+        """The result of a load (or commit) call of ``answer``, or its error. A 5xx part leaves the load's outcome
+        unknown (vLLM's RPC timeout stops the waiting, not the workers), exactly as ``load`` on its own does:
+        no later load is sent to this engine before it was observed again."""
+        try:
+            results = self.rpc_part(answer, index, call)
+        except EngineHTTPError as exc:
+            if exc.status >= 500:
+                self._loads.mark(self.base_url)
+            raise
+        return wire.load_result_from_wire(results, url=self.base_url, step=call.step)
 
     def part(self, answer: wire.SequenceAnswer, index: int, call: wire.Call) -> Any:
         """The body call ``index`` of ``answer`` answered, or the error it would have raised on its own

@@ -451,6 +451,36 @@ def ready_to_resume(goal: Goal, state: EngineState) -> bool:
     return next_step(goal, state).step == Step.RESUME
 
 
+# A step whose success leaves the engine exactly as ``acknowledged`` says, whatever its answer holds: the step
+# after it is known before it ran. A load's or commit's answer carries the digest that decides what follows (a
+# mismatch is a verdict), and a resume has its own guard: a chain ends at them.
+CHAIN_THROUGH = frozenset({Step.PAUSE, Step.SLEEP, Step.WAKE_WEIGHTS})
+CHAIN_TO = frozenset(
+    {Step.SLEEP, Step.WAKE_WEIGHTS, Step.LOAD_VERIFIER, Step.LOAD_DRAFT, Step.COMMIT_VERIFIER, Step.COMMIT_DRAFT}
+)
+
+
+def chain(goal: Goal, state: EngineState, first: Step, *, loads: bool = True) -> tuple[Step, ...]:
+    """``first`` and the steps that follow it for certain: the decisions this planner would make from each
+    step's acknowledgement, up to and including the first load or commit (``CHAIN_THROUGH``/``CHAIN_TO``).
+
+    The executor sends them in one request (``reconcile.executor.execute_chain``): a sleep-mode pause, sleep,
+    wake(weights) and verifier load are one request instead of four round trips through the operator, which
+    cost the fleet time out of service (the AllAtOnce pause holds a staged commit and nothing else) and the
+    operator CPU per pod. They are the same steps, in the same order, stopping at the first failure as the
+    step-by-step pass would. ``loads=False`` (the fleet limits concurrent loads, which the executor enforces
+    per load step) ends the chain before a load.
+    """
+    steps = [first]
+    while steps[-1] in CHAIN_THROUGH:
+        state = acknowledged(state, steps[-1], goal)
+        following = next_step(goal, state).step
+        if following not in CHAIN_TO or (following in LOAD_STEPS and not loads):
+            break
+        steps.append(following)
+    return tuple(steps)
+
+
 def _committed(stage: StageState | None, target: Target) -> StageState | None:
     """The stage after ``target`` was committed from it: released after its last target (the engine frees it)."""
     if stage is None:

@@ -42,7 +42,7 @@ from rolloutfleet.adapters import engine_wire
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.api.engine import EngineState, GroupMembership, LoadResult, PushSession, StageState, Target
 from rolloutfleet.api.fleet import StepTimeouts
-from rolloutfleet.planning.transaction import SESSION_STEPS, Goal, Step, committable
+from rolloutfleet.planning.transaction import COMMIT_STEPS, LOAD_STEPS, SESSION_STEPS, Goal, Step, committable
 
 log = logging.getLogger(__name__)
 
@@ -196,14 +196,17 @@ async def _resume(engine: EngineClient, goal: Goal, timeouts: StepTimeouts, ctx:
     await engine.resume(deadline=pause)
 
 
+PAUSE_CALL = engine_wire.Call("/pause", "pause", query=(("mode", "keep"), ("clear_cache", "false")))
+WITHDRAW_CALL = engine_wire.Call("/rolloutfleet/withdraw", "withdraw")
+
+
 async def _pause(engine: EngineClient, deadline: float, known: EngineState | None) -> None:
     """Withdraw the engine's admission (its readiness probe fails from then on) and pause(keep), in one request
     where the engine takes sequences. The pod's readiness gate is already False (``reconcile.gates``), so the
     withdrawal is the second switch: a withdrawal that fails alone is logged, as ``gates.close_for`` does."""
-    pause = engine_wire.Call("/pause", "pause", query=(("mode", "keep"), ("clear_cache", "false")))
-    withdraw = known is not None and known.admitted is not False
-    if withdraw:
-        calls = [engine_wire.Call("/rolloutfleet/withdraw", "withdraw"), pause]
+    pause = PAUSE_CALL
+    if _withdraws(known):
+        calls = [WITHDRAW_CALL, pause]
         answer = await engine.sequence(calls, deadline=2 * deadline)
         if answer is not None and len(answer.parts) == 2:
             engine.part(answer, 1, pause)  # the pause's own error, if it failed
@@ -218,6 +221,30 @@ async def _pause(engine: EngineClient, deadline: float, known: EngineState | Non
     await engine.pause(mode="keep", clear_cache=False, deadline=deadline)
 
 
+def _withdraws(known: EngineState | None) -> bool:
+    """The pause withdraws the engine's admission first (unless the engine was seen withdrawn already)."""
+    return known is not None and known.admitted is not False
+
+
+def _commits_both(goal: Goal, known: EngineState | None) -> bool:
+    """A verifier commit takes the draft's commit with it: the draft is staged for this goal too."""
+    return (
+        known is not None
+        and goal.draft_path is not None
+        and goal.co_updates_draft
+        and committable(goal, known.staged, Target.DRAFT)
+    )
+
+
+def _commit_calls(engine: EngineClient, goal: Goal, load: float, known: EngineState | None) -> list[engine_wire.Call]:
+    assert goal.verifier_path is not None
+    calls = [engine.commit_call(Target.VERIFIER, goal.verifier_path, goal.revision, deadline=load)]
+    if _commits_both(goal, known):
+        assert goal.draft_path is not None
+        calls.append(engine.commit_call(Target.DRAFT, goal.draft_path, goal.revision, deadline=load))
+    return calls
+
+
 async def _commit(engine: EngineClient, goal: Goal, timeouts: StepTimeouts, ctx: SessionContext) -> Result:
     """Commit the verifier from the stage, and the draft right after it in the same request where the draft
     is committable too and the engine takes sequences: the commit checks that what landed hashes to the
@@ -225,26 +252,11 @@ async def _commit(engine: EngineClient, goal: Goal, timeouts: StepTimeouts, ctx:
     (and a refused verifier commit stops the sequence before the draft's)."""
     assert goal.verifier_path is not None
     load = float(timeouts.load_seconds)
-    known = ctx.known
-    both = (
-        known is not None
-        and goal.draft_path is not None
-        and goal.co_updates_draft
-        and committable(goal, known.staged, Target.DRAFT)
-    )
-    if both:
-        assert goal.draft_path is not None
-        calls = [
-            engine.commit_call(Target.VERIFIER, goal.verifier_path, goal.revision, deadline=load),
-            engine.commit_call(Target.DRAFT, goal.draft_path, goal.revision, deadline=load),
-        ]
-        answer = await engine.sequence(calls, loads=True, deadline=2 * load)
+    calls = _commit_calls(engine, goal, load, ctx.known)
+    if len(calls) > 1:
+        answer = await engine.sequence(calls, loads=True, deadline=len(calls) * load)
         if answer is not None:
-            results = []
-            for index, call in enumerate(calls[: len(answer.parts)]):
-                rpc = engine.rpc_part(answer, index, call)
-                results.append(engine_wire.load_result_from_wire(rpc, url=engine.base_url, step=call.step))
-            return tuple(results)
+            return tuple(engine.load_part(answer, index, call) for index, call in enumerate(calls[: len(answer.parts)]))
     return await engine.load(Target.VERIFIER, goal.verifier_path, goal.revision, staged=True, deadline=load)
 
 
@@ -295,3 +307,106 @@ async def execute(
     except engine_wire.EngineError as exc:
         raise StepError(step, reason_of(exc), str(exc)) from exc
     return time.perf_counter() - started, load
+
+
+@dataclasses.dataclass(frozen=True)
+class Done:
+    """One step of a chain that succeeded: its result, and its seconds (None where the engine answered the
+    chain in one request without timing its calls apart)."""
+
+    step: Step
+    seconds: float | None
+    result: Result
+
+
+def _chain_calls(
+    engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeouts, known: EngineState | None
+) -> list[tuple[engine_wire.Call, float]]:
+    """The calls of one step of a chain (``transaction.CHAIN_THROUGH``/``CHAIN_TO``), each with its deadline:
+    the calls ``_run`` sends for the same step."""
+    pause, wake, load = float(timeouts.pause_seconds), float(timeouts.wake_seconds), float(timeouts.load_seconds)
+    if step == Step.PAUSE:
+        return [(WITHDRAW_CALL, pause), (PAUSE_CALL, pause)] if _withdraws(known) else [(PAUSE_CALL, pause)]
+    if step == Step.SLEEP:
+        return [(engine_wire.Call("/sleep", "sleep", query=(("level", "2"),)), float(timeouts.sleep_seconds))]
+    if step == Step.WAKE_WEIGHTS:
+        return [(engine_wire.Call("/wake_up", "wake_up:weights", query=(("tags", "weights"),)), wake)]
+    if step == Step.COMMIT_VERIFIER:
+        return [(call, load) for call in _commit_calls(engine, goal, load, known)]
+    if step in (Step.LOAD_VERIFIER, Step.LOAD_DRAFT, Step.COMMIT_DRAFT):
+        target = Target.VERIFIER if step == Step.LOAD_VERIFIER else Target.DRAFT
+        path = goal.verifier_path if target == Target.VERIFIER else goal.draft_path
+        assert path is not None
+        staged = step == Step.COMMIT_DRAFT
+        return [(engine.load_call(target, path, goal.revision, staged=staged, deadline=load), load)]
+    raise ValueError(f"{step} cannot be part of a chain")
+
+
+async def _one_by_one(
+    engine: EngineClient, steps: list[Step], goal: Goal, timeouts: StepTimeouts, session: SessionContext
+) -> list[Done]:
+    out = []
+    for step in steps:
+        seconds, result = await execute(engine, step, goal, timeouts, session)
+        out.append(Done(step, seconds, result))
+    return out
+
+
+async def execute_chain(
+    engine: EngineClient,
+    steps: tuple[Step, ...],
+    goal: Goal,
+    timeouts: StepTimeouts,
+    session: SessionContext | None = None,
+) -> list[Done]:
+    """Run ``steps`` (``transaction.chain``: a step and those that follow it for certain) in one request where
+    the engine takes sequences, else one by one; every step succeeded, or ``StepError`` names the one that
+    failed (those before it succeeded, those after it did not run: the caller reads the engine either way).
+
+    The request's deadline is the sum of its calls' (each the one the spec gives its step); loads in it are
+    guarded like any load. A withdrawal that fails stops the sequence before the pause, as a pause on its own
+    does: it is logged and the steps go out one by one.
+    """
+    session = session or SessionContext()
+    if len(steps) == 1:
+        return await _one_by_one(engine, list(steps), goal, timeouts, session)
+    plan = [(step, _chain_calls(engine, step, goal, timeouts, session.known)) for step in steps]
+    calls = [call for _, each in plan for call, _ in each]
+    loads = any(step in LOAD_STEPS or step in COMMIT_STEPS for step in steps)
+    started = time.perf_counter()
+    try:
+        answer = await engine.sequence(calls, loads=loads, deadline=sum(d for _, each in plan for _, d in each))
+    except engine_wire.EngineError as exc:
+        # The request as a whole failed (a timeout, a lost connection): which step it reached is the engine's to say.
+        chained = "+".join(step.value for step in steps[:-1])
+        raise StepError(steps[-1], reason_of(exc), f"in one request after {chained}: {exc}") from exc
+    if answer is None:
+        return await _one_by_one(engine, list(steps), goal, timeouts, session)
+    out: list[Done] = []
+    index = 0
+    for step, each in plan:
+        results: list[LoadResult] = []
+        timed: float | None = 0.0
+        for call, _ in each:
+            if index >= len(answer.parts):
+                raise StepError(step, "EngineProtocolError", f"the sequence stopped before {call.step}")
+            part = answer.parts[index]
+            if call is WITHDRAW_CALL and not 200 <= part["status"] < 300:
+                log.warning("%s: not withdrawn: %s", engine.base_url, part)
+                known = dataclasses.replace(session.known, admitted=False) if session.known is not None else None
+                rest = [s for s, _ in plan[len(out) :]]
+                return out + await _one_by_one(engine, rest, goal, timeouts, dataclasses.replace(session, known=known))
+            try:
+                if call.path == "/collective_rpc":
+                    results.append(engine.load_part(answer, index, call))
+                else:
+                    engine.part(answer, index, call)
+            except engine_wire.EngineError as exc:
+                raise StepError(step, reason_of(exc), str(exc)) from exc
+            took = part.get("seconds")
+            timed = timed + float(took) if timed is not None and isinstance(took, int | float) else None
+            index += 1
+        out.append(Done(step, timed, None if not results else results[0] if len(results) == 1 else tuple(results)))
+    if all(done.seconds is None for done in out):  # an engine that does not time its calls: the load took it
+        out[-1] = dataclasses.replace(out[-1], seconds=time.perf_counter() - started)
+    return out

@@ -623,9 +623,18 @@ class RolloutPass:
             known=self.states[pod],
             ready=ready,
         )
+        # The steps that follow this one for certain go in the same request (``transaction.chain``): each
+        # round trip inside a pause is time out of service, and each request the operator's CPU. Loads stay
+        # one per step where the fleet limits them (``self.loads`` counts load steps).
+        steps: tuple[Step, ...] = (decision.step,)
+        if decision.step in transaction.CHAIN_THROUGH:
+            unlimited = self.plan.max_concurrent_loads is None
+            steps = transaction.chain(self.decided_goal or self.goal, self.states[pod], decision.step, loads=unlimited)
+            if len(steps) > 1:  # the status shows the step that takes the time (a load, a commit)
+                self.decisions[pod] = Decision(steps[-1], decision.reason)
         try:
             async with limit:
-                seconds, result = await executor.execute(self.clients[pod], decision.step, self.goal, timeouts, session)
+                done = await executor.execute_chain(self.clients[pod], steps, self.goal, timeouts, session)
         except executor.Held as held:
             # Resume only on what the engine says now: it changed since the decision (its guard, or the
             # read before a call-by-call resume, said so), so it is decided again from a full read.
@@ -636,6 +645,7 @@ class RolloutPass:
         except executor.StepError as exc:
             self._leave_batch(pod)
             self._confirm(pod)  # a failed open: this pod has no session of the epoch to wait for
+            self.decisions[pod] = Decision(exc.step, decision.reason)  # the step of a chain that failed
             self._fail(pod, exc.reason, str(exc))
             if decision.step in (Step.END_SESSION, Step.ABANDON_SESSION) and session.session is not None:
                 outcome = "abandoned" if decision.step == Step.ABANDON_SESSION else "failed"
@@ -652,30 +662,41 @@ class RolloutPass:
             # until then (``_confirm``): a status listing it without this pod would let the trainer mark
             # the epoch, and this session would then be ended with nothing received.
             self.stale.add(pod)
+        for each in done:
+            await self._acknowledge(pod, each, membership, read_first)
+
+    async def _acknowledge(
+        self, pod: str, done: executor.Done, membership: engine.GroupMembership | None, read_first: list[bool]
+    ) -> None:
+        """What one step that succeeded tells of the engine (its acknowledgement), its timing, and a resume's
+        return to the Service."""
+        step, result = done.step, done.result
         load = result if isinstance(result, engine.LoadResult) else None
         stage = result if isinstance(result, engine.StageState) else None
-        if decision.step == Step.END_SESSION and load is not None:
+        if step == Step.END_SESSION and load is not None:
             self._count_session(load.target.value, "verified")
         if isinstance(result, tuple):  # a commit of both targets in one request: each acknowledged in turn
             for each in result:
-                step = Step.COMMIT_VERIFIER if each.target == engine.Target.VERIFIER else Step.COMMIT_DRAFT
-                self._set_state(pod, transaction.acknowledged(self.states[pod], step, self.goal, each))
+                commit = Step.COMMIT_VERIFIER if each.target == engine.Target.VERIFIER else Step.COMMIT_DRAFT
+                self._set_state(pod, transaction.acknowledged(self.states[pod], commit, self.goal, each))
         else:
             self._set_state(
-                pod, transaction.acknowledged(self.states[pod], decision.step, self.goal, load, membership, stage=stage)
+                pod, transaction.acknowledged(self.states[pod], step, self.goal, load, membership, stage=stage)
             )
         # A step's answer is an observation of the stage too (a stage answers its phase, over budget at once;
         # the last commit releases it): what staging came to is known without waiting for the next read.
         self._record_staging(pod)
-        if decision.step == Step.RESUME:
+        if step == Step.RESUME:
             if not read_first:
                 self.reads += 1  # the resume's guard read what the engine holds, in the same request
             self.verified.add(pod)
             await self._resumed_together(pod)
             await self._route(pod, True, "Serving", f"serves revision {self.goal.revision}, verified")
-        self.memory.durations.setdefault(self.key, {}).setdefault(decision.step.value, []).append(seconds)
-        self.ctx.metrics.step_duration.labels(*self.fleet_labels, decision.step.value, self.plan.mode.value).observe(
-            seconds
+        if done.seconds is None:
+            return
+        self.memory.durations.setdefault(self.key, {}).setdefault(step.value, []).append(done.seconds)
+        self.ctx.metrics.step_duration.labels(*self.fleet_labels, step.value, self.plan.mode.value).observe(
+            done.seconds
         )
 
     def _count_session(self, target: str, outcome: str) -> None:

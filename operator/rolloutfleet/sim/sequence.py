@@ -10,6 +10,7 @@ body's parsing is mirrored here and the shared contract suite (tests/contract) h
 from __future__ import annotations
 
 import json
+import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Protocol, cast
@@ -145,7 +146,9 @@ async def serve(host: Host, request: web.Request) -> web.Response:
             answer["held"] = "state"
             return web.json_response(answer)
     for call in calls:
+        started = time.perf_counter()
         part = await _call(host, call["method"], call["path"], call["query"], call["json"], headers)
+        part["seconds"] = round(time.perf_counter() - started, 6)
         answer["results"].append(part)
         if stop and failed(call["path"], part, call["expect"]):
             break
