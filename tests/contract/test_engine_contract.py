@@ -600,3 +600,32 @@ async def test_both_pre_flights_in_one_request_each_answer_their_own(target: Tar
     )
     assert isinstance(mixed[0], EngineRPCError) and mixed[0].code == "invalid_path"
     assert mixed[1] == good[1]
+
+
+async def test_a_sleep_mode_pause_sleep_wake_and_load_in_one_request(target: Target, engine: EngineClient) -> None:
+    """The operator's chain (``transaction.chain``, ``executor.execute_chain``): withdraw, pause, sleep(2),
+    wake(weights) and the verifier load in one request, each call answered and timed as on its own; then
+    the draft load and the guarded resume leave the engine serving the new pair."""
+    from rolloutfleet.api.fleet import StepTimeouts
+    from rolloutfleet.planning import transaction
+    from rolloutfleet.reconcile import executor
+
+    w = target.weights
+    await load_pair(engine, w.verifier_a, w.draft_a, 1)
+    await engine.admit(1)
+    goal = transaction.Goal(revision=2, verifier_path=w.verifier_b, draft_path=w.draft_b, sleep_mode=True)
+    known = await engine.observe()
+    steps = transaction.chain(goal, known, transaction.Step.PAUSE)
+    assert steps[-1] == transaction.Step.LOAD_VERIFIER, steps
+    done = await executor.execute_chain(engine, steps, goal, StepTimeouts(), executor.SessionContext(known=known))
+    assert [d.step for d in done] == list(steps)
+    assert all(d.seconds is not None for d in done), "each call of the sequence carries its own seconds"
+    state = await engine.observe()
+    assert state.paused and state.admitted is False and state.verifier.revision == 2 and not state.resident
+    assert (await engine.load("draft", w.draft_b, 2)).revision == 2
+    known = await engine.observe()
+    await executor.execute(engine, transaction.Step.RESUME, goal, StepTimeouts(), executor.SessionContext(known=known))
+    final = await engine.observe()
+    assert final.serving and final.resident and final.pair == (2, 2)
+    status, body = await complete(target, max_tokens=2)
+    assert status == 200, body
