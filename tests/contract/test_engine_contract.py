@@ -605,7 +605,8 @@ async def test_both_pre_flights_in_one_request_each_answer_their_own(target: Tar
 async def test_a_sleep_mode_pause_sleep_wake_and_load_in_one_request(target: Target, engine: EngineClient) -> None:
     """The operator's chain (``transaction.chain``, ``executor.execute_chain``): withdraw, pause, sleep(2),
     wake(weights) and the verifier load in one request, each call answered and timed as on its own; then
-    the draft load and the guarded resume leave the engine serving the new pair."""
+    the draft load and the guarded resume (which admits the process again) leave the engine serving the new
+    pair."""
     from rolloutfleet.api.fleet import StepTimeouts
     from rolloutfleet.planning import transaction
     from rolloutfleet.reconcile import executor
@@ -624,8 +625,11 @@ async def test_a_sleep_mode_pause_sleep_wake_and_load_in_one_request(target: Tar
     assert state.paused and state.admitted is False and state.verifier.revision == 2 and not state.resident
     assert (await engine.load("draft", w.draft_b, 2)).revision == 2
     known = await engine.observe()
-    await executor.execute(engine, transaction.Step.RESUME, goal, StepTimeouts(), executor.SessionContext(known=known))
+    ctx = executor.SessionContext(known=known)
+    _, resumed = await executor.execute(engine, transaction.Step.RESUME, goal, StepTimeouts(), ctx)
+    # The guarded resume admits the withdrawn process last, in its own request.
+    assert resumed == executor.Resumed(admitted=True)
     final = await engine.observe()
-    assert final.serving and final.resident and final.pair == (2, 2)
+    assert final.serving and final.resident and final.pair == (2, 2) and final.admitted is True
     status, body = await complete(target, max_tokens=2)
     assert status == 200, body

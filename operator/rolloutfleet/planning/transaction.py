@@ -26,8 +26,9 @@ trainer's error mark, ``AbandonSession``. A target a session failed into is dest
 (``RestartPod``) and caught up like a new one; it never resumes on it.
 
 A step and the steps that follow it for certain (``chain``: up to and including the first load or commit)
-go to the engine in one request. The bracketed step is one composition (the scheduler must not run between them; ``Resume`` stamps the weight
-version first, so a fleet resumed together spends one request round less out of service). Weights are woken only
+go to the engine in one request. The bracketed step is one composition (the scheduler must not run between
+them; ``Resume`` stamps the weight version first, so a fleet resumed together spends one request round less
+out of service). Weights are woken only
 when the extension reports them unmapped: on vLLM 0.26 a wake of awake weights resumes a paused
 scheduler (measured on the H200), which would serve between the verifier and the draft loads. Engines
 without weight-version routes (vLLM 0.26) skip the version stamp. The draft is loaded only once the

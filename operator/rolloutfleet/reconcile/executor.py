@@ -137,13 +137,23 @@ async def _session(
     raise ValueError(f"{step} is not a session step")
 
 
-# A load's (commit's, session's) result, both commits' results, a stage's state, or nothing.
-Result = LoadResult | tuple[LoadResult, ...] | StageState | None
+@dataclasses.dataclass(frozen=True)
+class Resumed:
+    """A resume's answer: whether the engine process is admitted now (the resume's request admits it where the
+    engine has admission and takes sequences; None: not known from the answer, the Service sync admits it)."""
+
+    admitted: bool | None
+
+
+# A load's (commit's, session's) result, both commits' results, a stage's state, a resume's admission, or nothing.
+Result = LoadResult | tuple[LoadResult, ...] | StageState | Resumed | None
 
 
 def _resume_calls(goal: Goal, known: EngineState | None) -> list[engine_wire.Call]:
     """The resume's calls: stamp the weight version (where the engine has versions and another one), wake
-    the KV cache (sleep mode), reset the prefix cache (preempting frozen requests), resume."""
+    the KV cache (sleep mode), reset the prefix cache (preempting frozen requests), resume, and admit the
+    process (where it has admission and is withdrawn): the guard verified its process and weights, which is
+    what an admission says, and the pod still receives no traffic before its readiness gate opens."""
     calls = []
     if known is not None and known.versioned and known.weight_version != goal.weight_version:
         stamp = {"new_version": goal.weight_version}
@@ -156,10 +166,13 @@ def _resume_calls(goal: Goal, known: EngineState | None) -> list[engine_wire.Cal
         reset = engine_wire.Call("/reset_prefix_cache", "reset_prefix_cache", query=query, expect={"success": True})
         calls.append(reset)
     calls.append(engine_wire.Call("/resume", "resume"))
+    if known is not None and known.admitted is False:
+        admit = {"revision": goal.revision, "instance": known.instance}
+        calls.append(engine_wire.Call("/rolloutfleet/admit", "admit", json=admit))
     return calls
 
 
-async def _resume(engine: EngineClient, goal: Goal, timeouts: StepTimeouts, ctx: SessionContext) -> None:
+async def _resume(engine: EngineClient, goal: Goal, timeouts: StepTimeouts, ctx: SessionContext) -> Resumed:
     """Resume in one guarded request where the engine takes sequences, else call by call after ``ready``.
 
     The guard (the process and the weights ``ctx.known`` holds) replaces the read that used to precede
@@ -176,6 +189,13 @@ async def _resume(engine: EngineClient, goal: Goal, timeouts: StepTimeouts, ctx:
         if answer.held is not None:
             raise Held(f"the engine changed since it was read ({answer.held})")
         for index, call in enumerate(calls):
+            if call.step == "admit":  # resumed: an admission refused is the Service sync's to retry (fail-closed)
+                part = answer.parts[index] if index < len(answer.parts) else {}
+                body = part.get("body")
+                admitted = 200 <= part.get("status", 0) < 300 and isinstance(body, dict) and body.get("admitted")
+                if not admitted:
+                    log.warning("%s: resumed, not admitted: %s", engine.base_url, part or "the admit did not run")
+                return Resumed(bool(admitted))
             if index >= len(answer.parts):
                 raise StepError(Step.RESUME, "EngineProtocolError", f"the sequence stopped before {call.step}")
             body = engine.part(answer, index, call)  # raises the call's own error
@@ -183,10 +203,12 @@ async def _resume(engine: EngineClient, goal: Goal, timeouts: StepTimeouts, ctx:
                 # The reset did not go through (vLLM answers success false while KV blocks are held): the
                 # sequence ended there, the engine is still paused, and the step is retried.
                 raise StepError(Step.RESUME, "PrefixCacheNotReset", "the prefix cache could not be reset: not resumed")
-        return
+        return Resumed(None)
     if ctx.ready is not None and not await ctx.ready():
         raise Held("the engine changed since it was read")
-    for call in calls[:-1]:
+    for call in calls:
+        if call.step in ("resume", "admit"):  # the admission is the Service sync's here (``gates.open_for``)
+            continue
         if call.step == "update_weight_version":
             await engine.update_weight_version(goal.weight_version, deadline=float(timeouts.verify_seconds))
         elif call.step == "wake_up:kv_cache":
@@ -194,6 +216,7 @@ async def _resume(engine: EngineClient, goal: Goal, timeouts: StepTimeouts, ctx:
         elif not await engine.reset_prefix_cache(reset_running_requests=True, deadline=pause):
             raise StepError(Step.RESUME, "PrefixCacheNotReset", "the prefix cache could not be reset: not resumed")
     await engine.resume(deadline=pause)
+    return Resumed(None)
 
 
 PAUSE_CALL = engine_wire.Call("/pause", "pause", query=(("mode", "keep"), ("clear_cache", "false")))
@@ -290,7 +313,7 @@ async def _run(engine: EngineClient, step: Step, goal: Goal, timeouts: StepTimeo
         assert goal.frozen_draft_path is not None
         return await engine.restore_draft(goal.frozen_draft_path, deadline=load)
     elif step == Step.RESUME:
-        await _resume(engine, goal, timeouts, session)
+        return await _resume(engine, goal, timeouts, session)
     else:
         raise ValueError(f"{step} is not an action")
     return None

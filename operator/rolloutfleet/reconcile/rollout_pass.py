@@ -687,6 +687,9 @@ class RolloutPass:
         # the last commit releases it): what staging came to is known without waiting for the next read.
         self._record_staging(pod)
         if step == Step.RESUME:
+            if isinstance(result, executor.Resumed) and result.admitted is not None:
+                # The resume's request admitted the process too (``executor``): ``_route`` only opens the gate.
+                self.states[pod] = dataclasses.replace(self.states[pod], admitted=result.admitted)
             if not read_first:
                 self.reads += 1  # the resume's guard read what the engine holds, in the same request
             self.verified.add(pod)

@@ -327,10 +327,27 @@ async def test_the_resume_stamps_resets_and_resumes_in_one_guarded_request(
     known = await paused_at_goal(client)
     sim.log.entries.clear()
     ctx = executor.SessionContext(known=known)
-    await executor.execute(client, Step.RESUME, goal(sleep_mode=False), FAST, ctx)
-    assert calls(sim) == ["update_weight_version", "reset_prefix_cache", "resume"]
+    _, resumed = await executor.execute(client, Step.RESUME, goal(sleep_mode=False), FAST, ctx)
+    # The withdrawn process is admitted last, in the same request: its guard verified process and weights.
+    assert calls(sim) == ["update_weight_version", "reset_prefix_cache", "resume", "admit"]
+    assert resumed == executor.Resumed(admitted=True)
     state = await client.observe()
-    assert not state.paused and state.weight_version == "2"
+    assert not state.paused and state.weight_version == "2" and state.admitted is True
+
+
+async def test_an_admission_refused_after_the_resume_leaves_the_pod_to_the_service_sync(
+    client: EngineClient, sim: SimulatedEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The resume went through; the admission did not (here a fault; a process restarted in between answers
+    409): the step succeeded, the pod stays out of the Service until ``gates.open_for`` admits it (fail-closed)."""
+    known = await paused_at_goal(client)
+    sim.add_fault(FaultRule(step="admit", kind=FaultKind.HTTP_ERROR, status=500, body="no"))
+    _, resumed = await executor.execute(
+        client, Step.RESUME, goal(sleep_mode=False), FAST, executor.SessionContext(known=known)
+    )
+    assert resumed == executor.Resumed(admitted=False) and "not admitted" in caplog.text
+    state = await client.observe()
+    assert not state.paused and state.admitted is False
 
 
 async def test_a_resume_whose_guard_fails_runs_nothing(client: EngineClient, sim: SimulatedEngine) -> None:
