@@ -49,6 +49,11 @@ FLEET_STATUS_INTERVAL = 1.0
 PROGRESS_PODS_PER_SECOND = 1024
 FLEET_STATUS_PODS_PER_SECOND = 512
 RESUME_BATCH_SECONDS = 5.0  # a pod resumed with others waits at most this long for them before its admit
+# An AllAtOnce fleet out of service writes no progress status for this long from its pause on: each write (a
+# row per pod) and its watch echo cost the API server and the operator CPU right when the commits answer and
+# the resumes go out (64 pods on 2 cores: the window 0.80-0.89 s with them, 0.69-0.81 s without; issue 17).
+# A staged commit ends well within it; a longer pause (loads) reports again after it.
+WINDOW_QUIET_SECONDS = 2.0
 # Engine reads in flight at once. Each read takes milliseconds; sent all together, 4,096 of them queued
 # behind each other in the engines' host (one simulator process here) and timed out as "unreachable".
 READ_CONCURRENCY = 512
@@ -127,6 +132,7 @@ class RolloutPass:
         self.inflight: dict[str, asyncio.Task[None]] = {}  # pods with a step running
         self.routed_out: set[str] = set()  # pods taken out of the Service ahead of their PAUSE step
         self.resume_batch: dict[str, _Batch] = {}  # AllAtOnce: pods routed back in once their batch resumed
+        self.paused_since: float | None = None  # AllAtOnce: when the fleet paused together (until it resumed)
         self.decided_goal: Goal | None = None  # the goal (with reference digests) decisions were made for
         self.reference: tuple[Goal, Goal] | None = None  # (goal, the goal with the pods' reference digests)
         self.digests_moved = True  # some pod's votes changed since the reference digests were counted
@@ -290,6 +296,9 @@ class RolloutPass:
             self._resume_together(chosen)
             for pod, decision in chosen.items():
                 self.inflight[pod] = asyncio.create_task(self._step(pod, decision))
+            if chosen:  # the status shows the steps started (a chain runs long before its first answer)
+                await self._write_status()
+                self._schedule_fleet_status()
             if self.restarted and not self.inflight:
                 # Restarted pods come back on the initial weights, as new pods: the next pass lists them.
                 await self._write_status(force=True)
@@ -313,6 +322,10 @@ class RolloutPass:
                     continue  # the trainer marked: go on from what is known, without a new pass
                 return PassOutcome(again=True, idle=False)  # read the engines again now (session ages)
             mark = time.monotonic()
+            if self._quiet():  # wake when the quiet moment ends: what it held back is written then
+                assert self.paused_since is not None
+                left = WINDOW_QUIET_SECONDS - (mark - self.paused_since)
+                poll = left if poll is None else min(poll, left)
             done, _ = await asyncio.wait(self.inflight.values(), timeout=poll, return_when=asyncio.FIRST_COMPLETED)
             if not done:
                 self._stage_due()
@@ -743,6 +756,7 @@ class RolloutPass:
         why = f"moving to revision {self.goal.revision}"
         await asyncio.gather(*(self._route(p, False, "Updating", why, pausing=True) for p in pauses))
         self.routed_out.update(pauses)
+        self.paused_since = time.monotonic()
 
     def _resume_together(self, chosen: dict[str, Decision]) -> None:
         """AllAtOnce: pods resumed together are routed back into the Service once all of them resumed.
@@ -772,7 +786,12 @@ class RolloutPass:
             batch.pending.discard(pod)
             if not batch.pending:
                 batch.done.set()
+                self.paused_since = None
         return batch
+
+    def _quiet(self) -> bool:
+        """The fleet paused together moments ago: progress writes wait (``WINDOW_QUIET_SECONDS``)."""
+        return self.paused_since is not None and time.monotonic() - self.paused_since < WINDOW_QUIET_SECONDS
 
     async def _route(self, pod: str, value: bool, reason: str, message: str, *, pausing: bool = False) -> None:
         """Open or close the pod to traffic (its gate and its engine's admission: ``reconcile.gates``).
@@ -816,6 +835,8 @@ class RolloutPass:
     async def _write_status(self, force: bool = False) -> None:
         """Progress writes run beside the steps (never on the rollout's critical path); forced ones wait."""
         writer = self.writer
+        if not force and self._quiet():
+            return  # the next step that finishes after the quiet moment writes what is known then
         if not force:
             interval = max(STATUS_WRITE_INTERVAL, len(self.order) / PROGRESS_PODS_PER_SECOND)
             if (writer is not None and not writer.done()) or time.monotonic() - self.last_write < interval:
@@ -887,6 +908,8 @@ class RolloutPass:
         and a change inside the interval is deferred, not dropped: a step that then runs for long (a slow
         load) must not leave the status behind meanwhile.
         """
+        if self._quiet():
+            return  # as ``_write_status``: the next step that finishes after the quiet moment schedules it
         if self.fleet_writer is None or self.fleet_writer.done():
             self.fleet_writer = asyncio.create_task(self._fleet_status_soon())
 
