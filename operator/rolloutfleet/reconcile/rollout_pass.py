@@ -322,9 +322,8 @@ class RolloutPass:
                     continue  # the trainer marked: go on from what is known, without a new pass
                 return PassOutcome(again=True, idle=False)  # read the engines again now (session ages)
             mark = time.monotonic()
-            if self._quiet():  # wake when the quiet moment ends: what it held back is written then
-                assert self.paused_since is not None
-                left = WINDOW_QUIET_SECONDS - (mark - self.paused_since)
+            if self._quiet():  # wake when the quiet moment ends: the progress it held back is written then
+                left = self._quiet_left()
                 poll = left if poll is None else min(poll, left)
             done, _ = await asyncio.wait(self.inflight.values(), timeout=poll, return_when=asyncio.FIRST_COMPLETED)
             if not done:
@@ -791,7 +790,13 @@ class RolloutPass:
 
     def _quiet(self) -> bool:
         """The fleet paused together moments ago: progress writes wait (``WINDOW_QUIET_SECONDS``)."""
-        return self.paused_since is not None and time.monotonic() - self.paused_since < WINDOW_QUIET_SECONDS
+        return self._quiet_left() > 0
+
+    def _quiet_left(self) -> float:
+        """Seconds until the quiet moment of a fleet paused together ends (0: not quiet)."""
+        if self.paused_since is None:
+            return 0.0
+        return max(0.0, WINDOW_QUIET_SECONDS - (time.monotonic() - self.paused_since))
 
     async def _route(self, pod: str, value: bool, reason: str, message: str, *, pausing: bool = False) -> None:
         """Open or close the pod to traffic (its gate and its engine's admission: ``reconcile.gates``).
@@ -908,14 +913,12 @@ class RolloutPass:
         and a change inside the interval is deferred, not dropped: a step that then runs for long (a slow
         load) must not leave the status behind meanwhile.
         """
-        if self._quiet():
-            return  # as ``_write_status``: the next step that finishes after the quiet moment schedules it
         if self.fleet_writer is None or self.fleet_writer.done():
             self.fleet_writer = asyncio.create_task(self._fleet_status_soon())
 
     async def _fleet_status_soon(self) -> None:
         interval = max(FLEET_STATUS_INTERVAL, len(self.pods.bodies) / FLEET_STATUS_PODS_PER_SECOND)
-        wait = interval - (time.monotonic() - self.last_fleet_write)
+        wait = max(interval - (time.monotonic() - self.last_fleet_write), self._quiet_left())
         if wait > 0:
             await asyncio.sleep(wait)
         self.last_fleet_write = time.monotonic()

@@ -306,15 +306,17 @@ async def test_the_fleet_status_follows_steps_that_finish_while_an_interrupted_p
             interrupted.set()  # a newer revision, a stop: once a step ends, the pass only drains
             gates[trigger].set()
             # The status write the trigger's finished step scheduled has happened (it shows the trigger's
-            # load), so only a write scheduled while draining can show the late pod's.
-            for _ in range(300):
+            # load), so only a write scheduled while draining can show the late pod's. (The fleet paused
+            # together, AllAtOnce: the write is deferred to the end of its quiet moment, 2 s after the pause,
+            # never dropped.)
+            for _ in range(600):
                 if {p["name"]: p for p in h.fleet_status().get("pods") or []}[trigger].get("revision") == 1:
                     break
                 await asyncio.sleep(0.01)
             else:
                 raise AssertionError("the trigger's finished load never reached the fleet status")
             gates[late].set()  # finishes during the drain; the slow pod's load still runs
-            for _ in range(300):  # status is written at most once a second during a pass
+            for _ in range(600):  # status is written at most once a second during a pass
                 pods = {p["name"]: p for p in h.fleet_status().get("pods") or []}
                 if pods.get(late, {}).get("revision") == 1:
                     break
