@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pathlib
 from collections.abc import AsyncIterator
 
 import pytest
 from engine_support import TOKEN, Latencies
+from transfer_support import Checkpoints, checkpoints
 
 from rolloutfleet.adapters.engine import EngineClient, EnginePool, EngineTimeouts, ResetPolicy, RetryPolicy
 from rolloutfleet.sim import EngineSpec, SimulatedEngine, SimulatedFleet
@@ -14,6 +16,12 @@ from rolloutfleet.sim import EngineSpec, SimulatedEngine, SimulatedFleet
 @pytest.fixture
 def spec() -> EngineSpec:
     return EngineSpec()
+
+
+@pytest.fixture
+def ckpts(tmp_path: pathlib.Path) -> Checkpoints:
+    """Two revisions of a small verifier/draft pair on disk (a module's ``spec`` may start its engines on A)."""
+    return checkpoints(tmp_path)
 
 
 @pytest.fixture

@@ -8,11 +8,9 @@ from the client's latency hook (one entry per HTTP request).
 
 from __future__ import annotations
 
-import pathlib
-
 import pytest
 from engine_support import Latencies
-from transfer_support import Checkpoints, checkpoints
+from transfer_support import Checkpoints
 
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.adapters.engine_wire import LoadOutcomeUnknown
@@ -25,11 +23,6 @@ from rolloutfleet.sim import EngineSpec, FaultKind, FaultRule, SimulatedEngine
 
 FAST = StepTimeouts.model_construct(pause_seconds=5, sleep_seconds=5, wake_seconds=5, load_seconds=5, verify_seconds=5)
 NOT_FOUND = {"detail": "Not Found"}
-
-
-@pytest.fixture
-def ckpts(tmp_path: pathlib.Path) -> Checkpoints:
-    return checkpoints(tmp_path)
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from transfer_support import (
     Checkpoints,
-    checkpoints,
     names_of,
     post,
     rpc,
@@ -27,11 +26,6 @@ from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.adapters.engine_wire import EngineRPCError
 from rolloutfleet.sim import EngineSpec, SimulatedEngine, SimulatedFleet
 from rolloutfleet_digest import digest_directory
-
-
-@pytest.fixture
-def ckpts(tmp_path: pathlib.Path) -> Checkpoints:
-    return checkpoints(tmp_path)
 
 
 @pytest.fixture

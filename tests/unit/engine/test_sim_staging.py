@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from engine_support import TOKEN
-from transfer_support import Checkpoints, checkpoints
+from transfer_support import Checkpoints
 
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.adapters.engine_wire import EngineHTTPError, EngineInconsistent, EngineRPCError
@@ -26,11 +26,6 @@ from rolloutfleet.sim import EngineSpec, FaultKind, FaultRule, Latencies, Simula
 from rolloutfleet_digest import digest_directory
 
 WAIT = 10.0  # seconds: bounds a hang; every stage here takes well under one
-
-
-@pytest.fixture
-def ckpts(tmp_path: pathlib.Path) -> Checkpoints:
-    return checkpoints(tmp_path)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import pathlib
 import types
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -17,7 +16,6 @@ import pytest
 from transfer_support import (
     AUTH,
     Checkpoints,
-    checkpoints,
     complete,
     names_of,
     post,
@@ -42,11 +40,6 @@ ROUTES = [
     ("/update_weights", {"update_info": {"names": [], "dtype_names": [], "shapes": []}}),
     ("/finish_weight_update", {}),
 ]
-
-
-@pytest.fixture
-def ckpts(tmp_path: pathlib.Path) -> Checkpoints:
-    return checkpoints(tmp_path)
 
 
 @pytest.fixture
