@@ -90,9 +90,7 @@ async def converge(client: EngineClient, goal: transaction.Goal, *, max_steps: i
         # As the operator runs it: the steps that follow for certain go in one request (a sleep-mode pause,
         # sleep, wake and verifier load; a pause and its commits), the state decided on guards the resume
         # (and lets a commit take both).
-        chain = (decision.step,)
-        if decision.step in transaction.CHAIN_THROUGH:
-            chain = transaction.chain(goal, state, decision.step)
+        chain = transaction.chain(goal, state, decision.step)
         session = executor.SessionContext(known=state)
         for done in await executor.execute_chain(client, chain, goal, timeouts, session):
             steps.append((done.step.value, round(float(done.seconds or 0.0), 4)))

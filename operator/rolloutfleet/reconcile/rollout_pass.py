@@ -322,9 +322,9 @@ class RolloutPass:
                     continue  # the trainer marked: go on from what is known, without a new pass
                 return PassOutcome(again=True, idle=False)  # read the engines again now (session ages)
             mark = time.monotonic()
-            if self._quiet():  # wake when the quiet moment ends: the progress it held back is written then
-                left = self._quiet_left()
-                poll = left if poll is None else min(poll, left)
+            quiet = self._quiet_left()
+            if quiet > 0:  # wake when the quiet moment ends: the progress it held back is written then
+                poll = quiet if poll is None else min(poll, quiet)
             done, _ = await asyncio.wait(self.inflight.values(), timeout=poll, return_when=asyncio.FIRST_COMPLETED)
             if not done:
                 self._stage_due()
@@ -638,12 +638,10 @@ class RolloutPass:
         # The steps that follow this one for certain go in the same request (``transaction.chain``): each
         # round trip inside a pause is time out of service, and each request the operator's CPU. Loads stay
         # one per step where the fleet limits them (``self.loads`` counts load steps).
-        steps: tuple[Step, ...] = (decision.step,)
-        if decision.step in transaction.CHAIN_THROUGH:
-            unlimited = self.plan.max_concurrent_loads is None
-            steps = transaction.chain(self.decided_goal or self.goal, self.states[pod], decision.step, loads=unlimited)
-            if len(steps) > 1:  # the status shows the step that takes the time (a load, a commit)
-                self.decisions[pod] = Decision(steps[-1], decision.reason)
+        unlimited = self.plan.max_concurrent_loads is None
+        steps = transaction.chain(self.decided_goal or self.goal, self.states[pod], decision.step, loads=unlimited)
+        if len(steps) > 1:  # the status shows the step that takes the time (a load, a commit)
+            self.decisions[pod] = Decision(steps[-1], decision.reason)
         try:
             async with limit:
                 done = await executor.execute_chain(self.clients[pod], steps, self.goal, timeouts, session)
@@ -788,12 +786,9 @@ class RolloutPass:
                 self.paused_since = None
         return batch
 
-    def _quiet(self) -> bool:
-        """The fleet paused together moments ago: progress writes wait (``WINDOW_QUIET_SECONDS``)."""
-        return self._quiet_left() > 0
-
     def _quiet_left(self) -> float:
-        """Seconds until the quiet moment of a fleet paused together ends (0: not quiet)."""
+        """Seconds until the quiet moment of a fleet paused together ends (0: not quiet): progress writes wait
+        until then (``WINDOW_QUIET_SECONDS``)."""
         if self.paused_since is None:
             return 0.0
         return max(0.0, WINDOW_QUIET_SECONDS - (time.monotonic() - self.paused_since))
@@ -840,7 +835,7 @@ class RolloutPass:
     async def _write_status(self, force: bool = False) -> None:
         """Progress writes run beside the steps (never on the rollout's critical path); forced ones wait."""
         writer = self.writer
-        if not force and self._quiet():
+        if not force and self._quiet_left() > 0:
             return  # the next step that finishes after the quiet moment writes what is known then
         if not force:
             interval = max(STATUS_WRITE_INTERVAL, len(self.order) / PROGRESS_PODS_PER_SECOND)
