@@ -10,8 +10,9 @@ contracts in pyproject.toml). The package exports its public API lazily: importi
 Modules, top to bottom (each imports only those below it): ``cli`` (commands) → ``push`` (the push
 handshake, docs/push.md) → ``publish`` (digest, validate, create once; docs/trainer.md) and ``senders``
 (``/update_weights`` wire formats) → ``wait`` (Ready or why not), ``digest`` (the digest of tensors) and
-``sessions`` (the handshake as data) → ``kube`` (API calls), ``progress`` (progress lines) and ``tensors``
-(the one module that touches torch) → ``errors`` (the typed errors).
+``sessions`` (the handshake as data) → ``kube`` (API calls), ``progress`` (progress lines), ``tensors``
+(torch tensors: bytes, IPC handles, the GPU digest) and ``nccl`` (rank 0 of a NCCL transfer group through
+vLLM; the only modules that touch torch) → ``errors`` (the typed errors).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
         wait_for_revision,
     )
     from rolloutfleet.trainer.push import PushResult, async_push_revision, push_revision
-    from rolloutfleet.trainer.senders import IpcSender, Sender, SimulatedSender
+    from rolloutfleet.trainer.senders import IpcSender, NcclSender, Sender, SimulatedSender
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
@@ -104,7 +105,7 @@ _EXPORTS: dict[str, str] = {
         "publish",
     ),
     **dict.fromkeys(("PushResult", "async_push_revision", "push_revision"), "push"),
-    **dict.fromkeys(("IpcSender", "Sender", "SimulatedSender"), "senders"),
+    **dict.fromkeys(("IpcSender", "NcclSender", "Sender", "SimulatedSender"), "senders"),
 }
 
 __all__ = [
@@ -115,6 +116,7 @@ __all__ = [
     "InvalidTensors",
     "IpcSender",
     "KubeApiError",
+    "NcclSender",
     "PermissionDenied",
     "PodFailure",
     "PublishCancelled",

@@ -27,7 +27,6 @@ leave room for that and for the send.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import os
 import threading
@@ -47,7 +46,6 @@ from rolloutfleet.trainer.errors import (
     PushSessionTimeout,
     PushUnsupported,
     RevisionDeleted,
-    SendError,
     SendFailure,
 )
 from rolloutfleet.trainer.kube import (
@@ -68,7 +66,7 @@ from rolloutfleet.trainer.publish import (
     result_of,
     revision_name,
 )
-from rolloutfleet.trainer.senders import IpcSender, Prepared, Sender
+from rolloutfleet.trainer.senders import IpcSender, Prepared, Sender, deliver
 from rolloutfleet.trainer.sessions import (
     ERROR_ANNOTATION,
     TARGETS,
@@ -246,9 +244,9 @@ def _check_backend(fleet_obj: dict[str, Any], sender: Sender, namespace: str) ->
         fleet = (fleet_obj.get("metadata") or {}).get("name")
         raise PushUnsupported(
             f"RolloutFleet {namespace}/{fleet} receives pushed weights over {backend}; the {sender.name} sender "
-            f"feeds {', '.join(sorted(sender.backends))} (this package has no NCCL sender yet: docs/push.md, "
-            '"Transfer group")'
+            f'feeds {", ".join(sorted(sender.backends))} (docs/push.md, "Senders")'
         )
+    sender.configure(transfer)
 
 
 @dataclasses.dataclass
@@ -432,19 +430,11 @@ class _Handshake:
         )
 
     def _send_all(self, target: str, sessions: list[Session], prepared: Prepared) -> list[SendFailure]:
-        def one(session: Session) -> SendFailure | None:
-            try:
-                self.sender.send(session.address, self.token, prepared, self.send_timeout)
-            except SendError as exc:
-                return SendFailure(session.pod, session.address, target, session.epoch, str(exc))
-            except Exception as exc:  # a custom sender's bug is still a failed send: annotate, never mark
-                return SendFailure(session.pod, session.address, target, session.epoch, f"{type(exc).__name__}: {exc}")
-            return None
-
-        workers = min(self.concurrency, len(sessions))
-        with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="push-send") as pool:
-            results = list(pool.map(one, sessions))
-        return [f for f in results if f is not None]
+        addresses = [s.address for s in sessions]
+        errors = deliver(self.sender, addresses, self.token, prepared, self.send_timeout, self.concurrency)
+        return [
+            SendFailure(s.pod, s.address, target, s.epoch, why) for s, why in zip(sessions, errors, strict=True) if why
+        ]
 
     def _annotate(self, annotations: dict[str, str | None]) -> None:
         for attempt in range(_ANNOTATE_TRIES):

@@ -3,7 +3,7 @@
 Called by ``rolloutfleet.trainer.push`` once per target and epoch: ``prepare`` turns the named tensors into
 vLLM's ``update_info`` (once for all the pods of the epoch), then ``send`` posts it to each pod's engine
 with the fleet's control token (the push client runs several sends at once, bounded), and ``release``
-drops what the update kept alive once every send returned. Two senders:
+drops what the update kept alive once every send returned. Three senders:
 
 - ``IpcSender``: real vLLM engines on the trainer's GPUs (vLLM's ``ipc`` weight-transfer backend over
   HTTP): ``{"names", "dtype_names", "shapes", "ipc_handles_pickled"}``, the handles a base64 pickle of one
@@ -12,22 +12,32 @@ drops what the update kept alive once every send returned. Two senders:
   tensors from the trainer's memory; they must stay alive and unchanged until its call returns
   (``Prepared.keepalive``, dropped by ``release``). Each engine worker looks its own GPU's UUID up, so a
   tensor reaches the engines whose workers share its GPU.
+- ``NcclSender``: real vLLM engines on other GPUs or hosts (backend ``nccl``): the trainer is rank 0 of
+  the fleet's transfer group (``join_group`` serves the rendezvous the operator's JoinGroup steps join);
+  ``update_info`` is only ``{"names", "dtype_names", "shapes"}`` (plus ``packed``), and the bytes travel by
+  one broadcast to every engine of the group at once, while each engine's ``/update_weights`` call waits
+  for them (``collective``: ``deliver`` runs the broadcast beside all the posts).
 - ``SimulatedSender``: the engine simulator (``rolloutfleet.sim``), GPU-free:
   ``{"names", "dtype_names", "shapes", "simulated_payload_b64"}``, each tensor's raw bytes in base64.
 
-A sender owns its wire format; ``post_update`` is the one HTTP call. A custom sender subclasses ``Sender``.
+A sender owns its wire format; ``post_update`` is the one HTTP call and ``deliver`` sends one prepared
+update to every engine of an epoch. A custom sender subclasses ``Sender``.
 """
 
 from __future__ import annotations
 
 import abc
 import base64
+import concurrent.futures
 import dataclasses
 import http.client
 import json
 import pickle
+import socket
+import threading
+import time
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from rolloutfleet.trainer import digest as tensor_digest
 from rolloutfleet.trainer import tensors as torch_tensors
@@ -53,6 +63,10 @@ class Sender(abc.ABC):
 
     name: ClassVar[str] = "sender"
     backends: ClassVar[frozenset[str] | None] = None  # fleet weightTransfer backends it can feed (None: any)
+    # One broadcast feeds every engine of an epoch at once (NCCL): ``deliver`` posts to all of them together
+    # (never bounded by the push client's concurrency: a receiver left out would hang the broadcast) and
+    # runs ``broadcast`` beside the posts.
+    collective: ClassVar[bool] = False
 
     @abc.abstractmethod
     def update_info(self, items: Sequence[tuple[str, Any]]) -> tuple[dict[str, Any], list[Any]]:
@@ -85,6 +99,16 @@ class Sender(abc.ABC):
     def release(self, prepared: Prepared) -> None:
         """Called once every send of ``prepared`` returned: drop what it kept alive."""
         prepared.keepalive.clear()
+
+    def configure(self, weight_transfer: dict[str, Any]) -> None:
+        """Called with the fleet's ``spec.weightTransfer`` before anything is created: adopt or refuse
+        (PushUnsupported) its options. The default takes none."""
+        del weight_transfer  # point-to-point senders have no option the engines must agree on
+
+    def broadcast(self, prepared: Prepared, timeout: float, cancel: threading.Event) -> None:
+        """Collective senders: move the bytes of ``prepared`` to every receiver at once, returning when they
+        have them; SendError after ``timeout`` seconds, or as soon as ``cancel`` is set (a receiver refused)."""
+        raise SendError(f"the {self.name} sender does not broadcast")
 
     group_epoch: int | None = None  # NCCL: the transfer group this sender is rank 0 of
 
@@ -161,6 +185,163 @@ class IpcSender(Sender):
         torch_tensors.ipc_collect()
 
 
+class NcclTransport(Protocol):
+    """What ``NcclSender`` needs of NCCL: ``rolloutfleet.trainer.nccl.VllmNccl`` (vLLM's), or a test's fake."""
+
+    def current_device(self) -> int: ...
+
+    def open_group(self, host: str, port: int, world_size: int, device: int) -> Any: ...
+
+    def broadcast(self, group: Any, tensors: Sequence[tuple[str, Any]], packed: bool, device: int) -> None: ...
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (the group's rendezvous binds it moments later)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class NcclSender(Sender):
+    """For vLLM engines on other GPUs (backend ``nccl``): rank 0 of the fleet's transfer group.
+
+    ``host``: the address the engines reach this process at (the trainer pod's IP; the rendezvous and NCCL's
+    own sockets listen there). ``port``: the rendezvous port (0: a free one, a new one per group; a fixed
+    port must be free again when the operator forms a new group). ``packed``: vLLM's packed broadcast (many
+    tensors per NCCL call; on vLLM 0.26 the flag travels in ``update_info``; on vLLM >= 0.28 the engines
+    take it at the group's init, so the fleet's ``weightTransfer.nccl.packed`` must say the same: ``None``
+    follows the fleet). ``join_timeout``: how long a broadcast waits for the group to be formed.
+
+    The group is formed on a thread (vLLM's rank 0 blocks until every engine worker joined): ``join_group``
+    returns at once with the address to publish. A broadcast that does not complete within its timeout
+    (a receiver died or refused the update, and NCCL waits for it forever) leaves the group unusable: every
+    later broadcast on it fails at once, until the operator forms a new group (a new epoch, after it
+    restarted the engines that were stuck), which ``join_group`` then serves on a new communicator.
+    The stuck broadcast's thread and its CUDA stream stay blocked for the life of this process (NCCL cannot
+    be interrupted); the training loop's own stream is not affected.
+    """
+
+    name = "nccl"
+    backends = frozenset({"nccl"})
+    collective = True
+
+    def __init__(
+        self,
+        host: str,
+        port: int = 0,
+        *,
+        packed: bool | None = None,
+        join_timeout: float = 300.0,
+        transport: NcclTransport | None = None,
+    ) -> None:
+        if not host or host in ("0.0.0.0", "::"):  # noqa: S104 - refused, not bound
+            raise ValueError("NcclSender needs the address the engines reach this trainer at, not a wildcard")
+        self.host = host
+        self.fixed_port = port
+        self.port = port or free_port(host)
+        self.packed = packed
+        self.join_timeout = join_timeout
+        self._transport = transport
+        self._group: concurrent.futures.Future[Any] | None = None
+        self._device: int | None = None
+        self._broken: str | None = None  # why the current group can no longer broadcast
+
+    @property
+    def transport(self) -> NcclTransport:
+        if self._transport is None:
+            from rolloutfleet.trainer.nccl import VllmNccl
+
+            self._transport = VllmNccl()
+        return self._transport
+
+    def configure(self, weight_transfer: dict[str, Any]) -> None:
+        fleet_packed = bool((weight_transfer.get("nccl") or {}).get("packed", False))
+        if self.packed is None:
+            self.packed = fleet_packed
+        elif fleet_packed and not self.packed:
+            # vLLM >= 0.28 engines took ``packed`` at the group's init: an unpacked broadcast would be misread.
+            raise PushUnsupported(
+                "the fleet's weightTransfer.nccl.packed is true (the engines expect packed broadcasts); "
+                "this NcclSender was made with packed=False"
+            )
+
+    def check(self, items: Sequence[tuple[str, Any]], target: str = "tensors") -> None:
+        super().check(items, target)
+        for name, value in items:
+            if isinstance(value, RawTensor) or value.device.type != "cuda":
+                where = "raw bytes" if isinstance(value, RawTensor) else f"on {value.device}"
+                raise InvalidTensors(target, f"{name}: NCCL broadcasts torch tensors on a GPU, this one is {where}")
+            if not value.is_contiguous():
+                # A broadcast sends the storage from the first element on: a strided view would send other bytes.
+                raise InvalidTensors(target, f"{name}: NCCL broadcasts contiguous tensors (call .contiguous())")
+
+    def update_info(self, items: Sequence[tuple[str, Any]]) -> tuple[dict[str, Any], list[Any]]:
+        for name, value in items:
+            if isinstance(value, RawTensor):
+                raise ValueError(f"{name}: NCCL broadcasts torch tensors on a GPU, not raw bytes")
+        info = _metadata(items)
+        if self.packed:
+            info["packed"] = True  # vLLM 0.26 reads it per update (later versions took it at init)
+        # The keepalive is what the broadcast sends, in update_info's order.
+        return info, [(name, value.detach()) for name, value in items]
+
+    def join_group(self, epoch: int, world_size: int) -> str:
+        if self._group is not None and not self.fixed_port:
+            self.port = free_port(self.host)  # the previous group's store may still hold its port
+        self._device = self.transport.current_device()
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        host, port, device, transport = self.host, self.port, self._device, self.transport
+
+        def form() -> None:
+            try:
+                future.set_result(transport.open_group(host, port, world_size, device))
+            except BaseException as exc:  # handed to the broadcast that waits for the group
+                future.set_exception(exc)
+
+        threading.Thread(target=form, name=f"nccl-group-{epoch}", daemon=True).start()
+        self._group, self._broken, self.group_epoch = future, None, epoch
+        return self.rendezvous_address()
+
+    def rendezvous_address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    def broadcast(self, prepared: Prepared, timeout: float, cancel: threading.Event) -> None:
+        epoch = self.group_epoch
+        if self._group is None or self._device is None:
+            raise SendError("no NCCL transfer group: the operator has not formed one with this trainer yet")
+        if self._broken is not None:
+            raise SendError(f"transfer group {epoch} is unusable ({self._broken}); waiting for a new one")
+        deadline = time.monotonic() + timeout
+        group = self._wait(self._group, deadline, cancel, f"forming transfer group {epoch}")
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        tensors, device, transport = list(prepared.keepalive), self._device, self.transport
+
+        def send() -> None:
+            try:
+                transport.broadcast(group, tensors, bool(self.packed), device)
+                done.set_result(None)
+            except BaseException as exc:  # handed to the caller that waits for it
+                done.set_exception(exc)
+
+        threading.Thread(target=send, name=f"nccl-broadcast-{epoch}", daemon=True).start()
+        self._wait(done, deadline, cancel, f"the broadcast of {prepared.tensors} tensors in group {epoch}")
+
+    def _wait(self, future: concurrent.futures.Future[Any], deadline: float, cancel: threading.Event, what: str) -> Any:
+        while True:
+            try:
+                return future.result(timeout=max(0.0, min(0.05, deadline - time.monotonic())))
+            except concurrent.futures.TimeoutError:
+                pass
+            except Exception as exc:
+                self._broken = f"{what} failed: {type(exc).__name__}: {exc}"
+                raise SendError(self._broken) from exc
+            if cancel.is_set() or time.monotonic() >= deadline:
+                why = "a receiving engine refused the update" if cancel.is_set() else "no completion in time"
+                self._broken = f"{what} did not complete: {why}"
+                raise SendError(self._broken + " (NCCL waits for every rank; the group cannot be used again)")
+
+
 def split_address(address: str) -> tuple[str, int]:
     """``host:port`` (``[v6]:port`` too) as the operator lists it; ValueError otherwise."""
     host, sep, port = address.rpartition(":")
@@ -213,3 +394,46 @@ def post_update(address: str, token: str, body: bytes, timeout: float) -> None:
         raise SendError(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__) from None
     finally:
         conn.close()
+
+
+def deliver(
+    sender: Sender, addresses: Sequence[str], token: str, prepared: Prepared, timeout: float, concurrency: int
+) -> list[str | None]:
+    """Send ``prepared`` to every engine at ``addresses``; per address, None or why it did not take it.
+
+    Point-to-point senders post to at most ``concurrency`` engines at once. A collective sender's posts all
+    run at once, with its broadcast beside them: each engine's ``/update_weights`` returns only when the
+    broadcast gave it the bytes. An engine that refuses the update cancels the broadcast (the others then
+    wait for bytes that will not come; the operator's deadline ends their sessions).
+    """
+    cancel = threading.Event()
+
+    def one(address: str) -> str | None:
+        try:
+            sender.send(address, token, prepared, timeout)
+        except SendError as exc:
+            cancel.set()
+            return str(exc)
+        except Exception as exc:  # a custom sender's bug is still a failed send: never marked
+            cancel.set()
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    if not addresses:
+        return []
+    if not sender.collective:
+        with concurrent.futures.ThreadPoolExecutor(min(concurrency, len(addresses)), "push-send") as pool:
+            return list(pool.map(one, addresses))
+    with concurrent.futures.ThreadPoolExecutor(len(addresses) + 1, "push-send") as pool:
+        posts = [pool.submit(one, address) for address in addresses]
+        cast = pool.submit(sender.broadcast, prepared, timeout, cancel)
+        try:
+            cast.result()
+            broadcast_error = None
+        except SendError as exc:
+            broadcast_error = str(exc)
+        except Exception as exc:
+            broadcast_error = f"{type(exc).__name__}: {exc}"
+        errors = [post.result() for post in posts]
+    # A post that failed says why; one that "succeeded" while the broadcast failed cannot have its bytes.
+    return [e if e is not None else broadcast_error for e in errors]
