@@ -8,6 +8,11 @@ With real vLLM engines on this machine's GPUs (fleet ``spec.weightTransfer.backe
 
     python examples/trainer_push.py --fleet policy --namespace rl --device cuda
 
+With real vLLM engines on other GPUs or hosts (``backend: nccl``; this process becomes rank 0 of the fleet's
+transfer group, listening at the address given, which the engines must reach)::
+
+    python examples/trainer_push.py --fleet policy --namespace rl --device cuda --nccl-host "$POD_IP"
+
 Against simulated engines the tensors travel as bytes instead of CUDA IPC handles. Their fleet needs
 ``spec.weightTransfer`` and initial weights of this example's model (an engine takes pushed tensors only
 under its model's names and shapes, as vLLM's ``load_weights`` does); the sandbox demo's fleet has neither,
@@ -32,7 +37,7 @@ import torch
 from trainer_loop import TinyLM, batch, complete, stamped_versions, train_step  # the sibling example
 
 from rolloutfleet.sandbox.binaries import cache_root
-from rolloutfleet.trainer import IpcSender, PublishError, SimulatedSender, push_revision
+from rolloutfleet.trainer import IpcSender, NcclSender, PublishError, Sender, SimulatedSender, push_revision
 from rolloutfleet.trainer.kube import custom_objects_api, list_revisions, make_api_client, read_fleet
 
 
@@ -54,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="training steps, one revision each")
     parser.add_argument("--start-revision", type=int, default=None, help="first revision number")
     parser.add_argument("--simulated", action="store_true", help="simulated engines: send bytes, not CUDA IPC handles")
+    parser.add_argument("--nccl-host", default=None, help="NCCL fleets: the address the engines reach this trainer at")
     parser.add_argument("--device", default="cpu", help="where the model trains (cuda for real engines)")
     parser.add_argument("--engine-url", default=None, help="an engine to query (default: first pod of the fleet)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds for each revision to become Ready")
@@ -89,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     policy, draft = TinyLM(hidden=32).to(args.device), TinyLM(hidden=16).to(args.device)
     opt_p = torch.optim.AdamW(policy.parameters(), lr=3e-3)
     opt_d = torch.optim.AdamW(draft.parameters(), lr=3e-3)
-    sender = SimulatedSender() if args.simulated else IpcSender()
+    sender: Sender = IpcSender()
+    if args.simulated:
+        sender = SimulatedSender()
+    elif args.nccl_host:
+        sender = NcclSender(args.nccl_host)
 
     for i in range(args.steps):
         revision = first + i

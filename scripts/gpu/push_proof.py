@@ -1,9 +1,10 @@
 """Pushed weights on real vLLM 0.26 (H200): the operator's own transaction drives weight-transfer sessions.
 
 One vLLM server at a time on loopback, started as the GPU tier starts it (tests/gpu/gpu_support.py: tiny
-random Llama verifier, a ``draft_model`` draft, our extension and auth middleware, sleep mode) plus
-``--weight-transfer-config '{"backend":"ipc"}'`` and ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``. This process is
-both sides of a pushed revision:
+random Llama verifier, a ``draft_model`` draft, our extension and auth middleware, sleep mode) plus the
+weight-transfer flags the operator renders for ``--backend`` (``ipc``: ``--weight-transfer-config
+'{"backend":"ipc"}'`` and ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``; ``nccl``: ``{"backend":"nccl"}``). This
+process is both sides of a pushed revision:
 
 - the operator: ``EngineClient.observe`` → ``planning.transaction.next_step`` → ``reconcile.executor.execute``
   with a ``SessionContext`` (a new epoch per opened session, the engine's open session, ``init_info=None``:
@@ -12,8 +13,19 @@ both sides of a pushed revision:
 - the trainer: when the planner answers ``AwaitPush`` it sends the open session's target as CUDA IPC
   handles (``POST /update_weights`` with ``{"names", "dtype_names", "shapes", "ipc_handles_pickled"}``, the
   tensors kept alive until the call returns), then sets the goal's push marks (what its annotation does).
+  With ``--backend nccl`` the trainer is the push client's own ``rolloutfleet.trainer.NcclSender``: it
+  becomes rank 0 of the transfer group when the planner waits for a rendezvous (the goal's group epoch, one
+  per server process), the planner's JoinGroup step joins the engine through ``/init_weight_transfer_engine``
+  with the operator's ``init_info``, and each session's tensors go by ``senders.deliver`` (the post and the
+  broadcast at once).
 
-Experiments (``--parts``, in this order; results in ``$OUT/push-proof.json``):
+NCCL on the one lent GPU: NCCL refuses two ranks of one communicator on one device when their host hashes
+match ("Duplicate GPU detected"); with a different ``NCCL_HOSTID`` per process the trainer and the engine are
+two "hosts" of one GPU each and talk over NCCL's socket transport on loopback
+(bench/results/gpu/nccl-hostid-probe-2026-12-02.log). This proves the protocol through real vLLM and NCCL;
+the bandwidth of a broadcast between two GPUs is issue 20's (nvidia-h200-x2).
+
+Experiments (``--parts``, in this order; results in ``$OUT/push-proof-<backend>.json``):
 
 1. ``stale``: path-load the A pair (draft = verifier: acceptance ~1); push verifier B only and resume
    (acceptance ~0: the stale draft); then a draft session with B (acceptance ~1 again). Digests reported
@@ -28,6 +40,11 @@ Experiments (``--parts``, in this order; results in ``$OUT/push-proof.json``):
 4. ``wrong_shape``: the draft session receives a transposed tensor: the trainer's ``/update_weights``
    answers 500, the state reports the session's error, EndSession fails with ``failed``, the draft is
    destroyed, and the planner says RestartPod (never Resume).
+5. ``dead_sender`` (NCCL): the trainer tells the engine of every verifier tensor and broadcasts half, then
+   goes silent (a trainer that died mid-broadcast): vLLM blocks in the broadcast, the engine stops
+   answering, and after the push deadline the planner says RestartPod, never Resume.
+6. ``recover``: on the restarted server, a new transfer group (a new epoch) and a full push of both
+   targets: digests equal the files' (the next revision recovers the pod).
 
 Run on the lent H200 (docs/gpu.md, ../shared/gpu/README.md). Here, once: ``scripts/gpu/run-device-suite.sh
 prepare`` (builds ``.device-carry/``). Then, the second call within 30 s of the first:
@@ -66,8 +83,15 @@ from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SITE = pathlib.Path("/tmp/site")
-PARTS = ("stale", "cycles", "abandon", "wrong_shape")
+PARTS = ("stale", "cycles", "abandon", "wrong_shape", "dead_sender", "recover")
+IPC_PARTS = ("stale", "cycles", "abandon", "wrong_shape")
 TOKEN = "push-proof-token"
+# NCCL on one GPU (module docstring): loopback sockets, no InfiniBand, no NVLink multicast (device KINDS.md),
+# and a host identity per process.
+NCCL_COMMON = {"NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1", "NCCL_NVLS_ENABLE": "0"}
+ENGINE_NCCL = {**NCCL_COMMON, "NCCL_HOSTID": "rolloutfleet-push-proof-engine"}
+TRAINER_NCCL = {**NCCL_COMMON, "NCCL_HOSTID": "rolloutfleet-push-proof-trainer"}
+GROUP_SIZE = 2  # the trainer (rank 0) and the one engine's one worker (TP 1)
 SLEEP_PUSH_STEPS = [
     "Pause",
     "Sleep",
@@ -105,7 +129,7 @@ def bootstrap() -> None:
             f"xz -dc vllm026-site.tar.xz | tar -x -C {SITE}"
         )
         subprocess.run(["bash", "-c", script], cwd=vc, check=True)
-    paths = [str(SITE), str(REPO / "operator"), str(REPO / "worker_image"), str(REPO / "tests" / "gpu")]
+    paths = [str(SITE), *(str(REPO / d) for d in ("operator", "worker_image", "digest", "tests/gpu"))]
     env = {
         **os.environ,
         "PYTHONPATH": ":".join([*paths, os.environ.get("PYTHONPATH", "")]).rstrip(":"),
@@ -117,10 +141,10 @@ def bootstrap() -> None:
 # -- the vLLM server -----------------------------------------------------------------------------------
 
 
-def start_server(root: pathlib.Path, log: pathlib.Path, verifier: str, draft: str) -> Any:
-    """``vllm serve`` from the command line the operator renders for a fleet with the IPC weight-transfer
-    backend (``weightTransfer: {backend: ipc}``: the flag and VLLM_ALLOW_INSECURE_SERIALIZATION come from
-    the rendering, as in a pod); waits for /health."""
+def start_server(root: pathlib.Path, log: pathlib.Path, verifier: str, draft: str, backend: str) -> Any:
+    """``vllm serve`` from the command line the operator renders for a fleet with this weight-transfer
+    backend (``weightTransfer: {backend: ...}``: the flag, and for IPC VLLM_ALLOW_INSECURE_SERIALIZATION,
+    come from the rendering, as in a pod); waits for /health."""
     import gpu_support
 
     root.mkdir(parents=True, exist_ok=True)
@@ -138,8 +162,9 @@ def start_server(root: pathlib.Path, log: pathlib.Path, verifier: str, draft: st
         log,
         gpu_memory_utilization=0.25,
         token=TOKEN,
-        transfer_backend="ipc",
+        transfer_backend=backend,
         python_path=first,
+        env=ENGINE_NCCL if backend == "nccl" else None,
     )
     server.started_s = round(server.started_s, 1)
     return server
@@ -153,19 +178,27 @@ class Trainer:
     """Sends a target's tensors into the open session it is shown, then marks the goal (its annotation).
 
     ``sources``: revision -> {"verifier": dir, "draft": dir} (the checkpoint whose tensors it holds);
-    ``silent``: never sends (a trainer that died); ``wrong_shape``: the draft tensor to send transposed.
+    ``silent``: never sends (a trainer that died); ``wrong_shape``: the draft tensor to send transposed;
+    ``sender``: NCCL only, the push client's ``NcclSender`` of this server's group; ``partial``: NCCL only,
+    announce every tensor, broadcast half, then go silent (a trainer that died mid-broadcast).
     """
 
     url: str
     sources: dict[int, dict[str, str]]
     silent: bool = False
     wrong_shape: str | None = None
+    sender: Any = None
+    partial: bool = False
     sends: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     served: set[tuple[str, int]] = dataclasses.field(default_factory=set)
+    joins: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    background: list[Any] = dataclasses.field(default_factory=list)
 
     async def serve(self, goal: Any, session: Any) -> Any:
         from rolloutfleet.api.engine import Target
 
+        if goal.push.group_epoch is not None and goal.push.rendezvous is None:
+            return self.join(goal)
         if self.silent or session is None or session.error is not None:
             return goal
         target = str(session.target)
@@ -177,7 +210,10 @@ class Trainer:
         if target == "draft" and self.wrong_shape is not None:
             tensors = [(n, t.t().contiguous() if n == self.wrong_shape else t) for n, t in tensors]
         started = time.monotonic()
-        status, body = await post_update(self.url, tensors)
+        if self.sender is None:
+            status, body = await post_update(self.url, tensors)
+        else:
+            status, body = await self.broadcast(target, tensors)
         took = time.monotonic() - started
         self.sends.append(
             {
@@ -192,6 +228,8 @@ class Trainer:
             }
         )
         del tensors  # every engine answered: the IPC handles may go
+        if status is None:
+            return goal  # died mid-broadcast: nothing marked, nothing annotated
         if status != 200:
             marks = dataclasses.replace(goal.push, error=f"/update_weights answered {status}")
         elif session.target == Target.VERIFIER:
@@ -199,6 +237,39 @@ class Trainer:
         else:
             marks = dataclasses.replace(goal.push, draft_epoch=session.epoch)
         return dataclasses.replace(goal, push=marks)
+
+    def join(self, goal: Any) -> Any:
+        """The operator waits for a rendezvous: be rank 0 of the goal's group (what the push client's
+        ``_join`` does), or say where this sender already is rank 0 of it."""
+        epoch = goal.push.group_epoch
+        if self.sender.group_epoch == epoch:
+            address = self.sender.rendezvous_address()
+        else:
+            address = self.sender.join_group(epoch, GROUP_SIZE)
+            self.joins.append({"epoch": epoch, "address": address, "at": round(time.monotonic(), 3)})
+        return dataclasses.replace(goal, push=dataclasses.replace(goal.push, rendezvous=address))
+
+    async def broadcast(self, target: str, tensors: list[tuple[str, Any]]) -> tuple[int | None, str]:
+        """NCCL: the session's tensors by ``senders.deliver`` (this engine's post and the group's broadcast
+        at once); ``(None, "")`` when ``partial`` left it in the background."""
+        from rolloutfleet.trainer.senders import deliver
+
+        address = self.url.removeprefix("http://")
+        prepared = self.sender.prepare(tensors, target)
+        if self.partial:
+            # The engine is told of every tensor; the broadcast carries half. Left running: the engine waits
+            # for the rest inside NCCL, and this "dead" trainer never answers for it.
+            prepared.keepalive = prepared.keepalive[: len(prepared.keepalive) // 2]
+            self.background.append(
+                asyncio.create_task(asyncio.to_thread(deliver, self.sender, [address], TOKEN, prepared, 30.0, 1))
+            )
+            return None, ""
+        (error,) = await asyncio.to_thread(deliver, self.sender, [address], TOKEN, prepared, 120.0, 1)
+        self.sender.release(prepared)
+        if error is None:
+            return 200, ""
+        head = error.split(":", 1)[0].split()
+        return (int(head[1]) if len(head) == 2 and head[0] == "HTTP" and head[1].isdigit() else 0), error
 
 
 def load_tensors(directory: str) -> list[tuple[str, Any]]:
@@ -273,21 +344,40 @@ async def drive(
     stop_at: tuple[str, ...] = ("Done", "RestartPod"),
     max_decisions: int = 200,
     poll: float = 0.25,
+    spec: Any = None,
 ) -> Run:
-    """observe → next_step → execute (the trainer serving AwaitPush) until a verdict in ``stop_at``."""
+    """observe → next_step → execute (the trainer serving AwaitPush) until a verdict in ``stop_at``.
+
+    ``spec``: NCCL only, the fleet spec whose ``init_info`` a JoinGroup sends (``reconcile.push.init_info``,
+    the engine being ranks 1.. of a group of ``GROUP_SIZE``). An engine unreachable during a push for the
+    goal's push deadline is RestartPod, as ``reconcile.rollout_pass`` decides it (a blocked transfer only
+    ends with the process)."""
+    from rolloutfleet.api.engine import GroupMembership
     from rolloutfleet.api.fleet import StepTimeouts
     from rolloutfleet.planning import transaction
     from rolloutfleet.reconcile import executor
+    from rolloutfleet.reconcile import push as push_rules
 
     timeouts = StepTimeouts()
     run = Run(goal=goal)
     started = time.monotonic()
     epoch = 0
+    unreachable_since: float | None = None
     for _ in range(max_decisions):
         state = await client.observe()
         decision = transaction.next_step(run.goal, state)
         step = decision.step
-        run.decisions.append([step.value, decision.reason])
+        run.decisions.append([step.value, decision.reason[:300]])
+        if step == transaction.Step.UNREACHABLE and run.goal.pushed:
+            now = time.monotonic()
+            unreachable_since = now if unreachable_since is None else unreachable_since
+            if now - unreachable_since >= run.goal.push.deadline_s:
+                run.decisions.append(["RestartPod", f"unreachable for {now - unreachable_since:.0f}s during a push"])
+                run.final = "RestartPod"
+                break
+            await asyncio.sleep(poll)
+            continue
+        unreachable_since = None
         if step.value in stop_at:
             run.final = step.value
             break
@@ -304,7 +394,14 @@ async def drive(
             break
         if step in (transaction.Step.OPEN_VERIFIER_SESSION, transaction.Step.OPEN_DRAFT_SESSION):
             epoch = epochs.next()
-        ctx = executor.SessionContext(epoch=epoch, session=state.session, init_info=None, why=decision.reason)
+        member = init_info = None
+        if step == transaction.Step.JOIN_GROUP:
+            member = GroupMembership(epoch=run.goal.push.group_epoch, rank_offset=1, world_size=GROUP_SIZE)
+            init_info = push_rules.init_info(spec, member, run.goal.push.rendezvous)
+        # ``known``: the state this decision was made on, as the pass hands it (the resume's guard and stamp).
+        ctx = executor.SessionContext(
+            epoch=epoch, session=state.session, init_info=init_info, why=decision.reason, group=member, known=state
+        )
         run.steps.append(step.value)
         try:
             await executor.execute(client, step, run.goal, timeouts, ctx)
@@ -316,10 +413,19 @@ async def drive(
     return run
 
 
-def push_goal(revision: int, digests: dict[str, str], verifier: str, draft: str | None, **kw: Any) -> Any:
-    """The goal the operator derives from a pushed WeightRevision (digests pinned by the trainer)."""
+def push_goal(
+    revision: int, digests: dict[str, str], verifier: str, draft: str | None, ctx: dict[str, Any], **kw: Any
+) -> Any:
+    """The goal the operator derives from a pushed WeightRevision (digests pinned by the trainer); over
+    NCCL it names the server's transfer group (``ctx["group_epoch"]``)."""
     from rolloutfleet.planning import transaction
 
+    if ctx.get("group_epoch") is not None:
+        sender = ctx["sender"]
+        # The trainer annotates each revision with its rendezvous once it is rank 0 of the group (push._join):
+        # a later revision starts with it; the first waits for the trainer to join.
+        known = sender.rendezvous_address() if sender.group_epoch == ctx["group_epoch"] else None
+        kw["push"] = transaction.PushMarks(group_epoch=ctx["group_epoch"], rendezvous=known)
     return transaction.Goal(
         revision=revision,
         verifier_path=None,
@@ -387,11 +493,22 @@ async def stale(ctx: dict[str, Any], checks: Checks) -> dict[str, Any]:
     out["path_a"] = {"steps": run.steps, "final": run.final, "errors": run.errors}
     out["acceptance_a"] = await gpu_support.acceptance(url, batch)
 
-    trainer = Trainer(url, {101: {"verifier": revs.verifier_b, "draft": revs.draft_b}})
-    run = await drive(client, push_goal(101, digests, revs.verifier_b, None, sleep_mode=False), trainer, epochs)
+    trainer = Trainer(url, {101: {"verifier": revs.verifier_b, "draft": revs.draft_b}}, sender=ctx["sender"])
+    run = await drive(
+        client, push_goal(101, digests, revs.verifier_b, None, ctx, sleep_mode=False), trainer, epochs, spec=ctx["spec"]
+    )
     state = await client.observe()
     out["verifier_only_push"] = {"steps": run.steps, "final": run.final, "errors": run.errors, "sends": trainer.sends}
     checks("stale: verifier-only push runs its session and resumes", run.steps[-1:] == ["Resume"], run.steps)
+    if ctx.get("group_epoch") is not None:
+        out["joins"] = trainer.joins
+        checks(
+            "stale: the engine joined the trainer's transfer group (JoinGroup) before its first session",
+            run.steps.index("JoinGroup") < run.steps.index("OpenVerifierSession")
+            and state.group is not None
+            and state.group.epoch == ctx["group_epoch"],
+            [run.steps, state_summary(state), trainer.joins],
+        )
     checks(
         "stale: the pushed verifier's digest is the files'",
         state.verifier.digest == digests[revs.verifier_b],
@@ -400,7 +517,13 @@ async def stale(ctx: dict[str, Any], checks: Checks) -> dict[str, Any]:
     out["acceptance_stale"] = await gpu_support.acceptance(url, batch)
 
     trainer.sends.clear()
-    run = await drive(client, push_goal(101, digests, revs.verifier_b, revs.draft_b, sleep_mode=False), trainer, epochs)
+    run = await drive(
+        client,
+        push_goal(101, digests, revs.verifier_b, revs.draft_b, ctx, sleep_mode=False),
+        trainer,
+        epochs,
+        spec=ctx["spec"],
+    )
     state = await client.observe()
     out["draft_push"] = {"steps": run.steps, "final": run.final, "errors": run.errors, "sends": trainer.sends}
     checks(
@@ -435,12 +558,14 @@ async def cycles(ctx: dict[str, Any], checks: Checks, count: int) -> dict[str, A
     for k in range(count):  # the engine holds B after the path load: start with A
         v, d = (revs.verifier_b, revs.draft_b) if k % 2 else (revs.verifier_a, revs.draft_a)
         sources[300 + k] = {"verifier": v, "draft": d}
-    trainer = Trainer(url, sources)
+    trainer = Trainer(url, sources, sender=ctx["sender"])
     for k in range(count):
         revision = 300 + k
         v, d = sources[revision]["verifier"], sources[revision]["draft"]
         trainer.sends.clear()
-        run = await drive(client, push_goal(revision, digests, v, d, sleep_mode=True), trainer, epochs)
+        run = await drive(
+            client, push_goal(revision, digests, v, d, ctx, sleep_mode=True), trainer, epochs, spec=ctx["spec"]
+        )
         state = await client.observe()
         outputs = await gpu_support.generate(url, batch)
         pair = "B" if v == revs.verifier_b else "A"
@@ -470,10 +595,10 @@ async def abandon(ctx: dict[str, Any], checks: Checks, deadline: float) -> dict[
     from rolloutfleet.planning import transaction
 
     client, revs, digests, url, epochs = ctx["client"], ctx["revs"], ctx["digests"], ctx["url"], ctx["epochs"]
-    trainer = Trainer(url, {400: {"verifier": revs.verifier_b}}, silent=True)
-    goal = push_goal(400, digests, revs.verifier_b, None, sleep_mode=False)
+    trainer = Trainer(url, {400: {"verifier": revs.verifier_b}}, silent=True, sender=ctx["sender"])
+    goal = push_goal(400, digests, revs.verifier_b, None, ctx, sleep_mode=False)
     goal = dataclasses.replace(goal, push=dataclasses.replace(goal.push, deadline_s=deadline))
-    run = await drive(client, goal, trainer, epochs)
+    run = await drive(client, goal, trainer, epochs, spec=ctx["spec"])
     state = await client.observe()
     later = [transaction.next_step(run.goal, await client.observe()).step.value for _ in range(3)]
     out = {
@@ -506,8 +631,15 @@ async def wrong_shape(ctx: dict[str, Any], checks: Checks) -> dict[str, Any]:
         url,
         {500: {"verifier": revs.verifier_b, "draft": revs.draft_b}},
         wrong_shape="model.layers.0.mlp.down_proj.weight",
+        sender=ctx["sender"],
     )
-    run = await drive(client, push_goal(500, digests, revs.verifier_b, revs.draft_b, sleep_mode=False), trainer, epochs)
+    run = await drive(
+        client,
+        push_goal(500, digests, revs.verifier_b, revs.draft_b, ctx, sleep_mode=False),
+        trainer,
+        epochs,
+        spec=ctx["spec"],
+    )
     state = await client.observe()
     later = [transaction.next_step(run.goal, await client.observe()).step.value for _ in range(3)]
     statuses = [s["status"] for s in trainer.sends]
@@ -544,6 +676,55 @@ async def wrong_shape(ctx: dict[str, Any], checks: Checks) -> dict[str, Any]:
     return out
 
 
+async def dead_sender(ctx: dict[str, Any], checks: Checks, deadline: float) -> dict[str, Any]:
+    client, revs, digests, url, epochs = ctx["client"], ctx["revs"], ctx["digests"], ctx["url"], ctx["epochs"]
+    trainer = Trainer(url, {600: {"verifier": revs.verifier_b}}, sender=ctx["sender"], partial=True)
+    goal = push_goal(600, digests, revs.verifier_b, None, ctx, sleep_mode=False)
+    goal = dataclasses.replace(goal, push=dataclasses.replace(goal.push, deadline_s=deadline))
+    run = await drive(client, goal, trainer, epochs, spec=ctx["spec"])
+    out = {
+        "steps": run.steps,
+        "decisions": run.decisions[-8:],
+        "errors": run.errors,
+        "final": run.final,
+        "seconds": run.seconds,
+        "joins": trainer.joins,
+    }
+    decided = [d for d, _ in run.decisions]
+    checks("dead_sender: the engine stopped answering inside the broadcast", "Unreachable" in decided, run.decisions)
+    checks(
+        "dead_sender: after the push deadline the planner says RestartPod, never Resume",
+        run.final == "RestartPod" and "Resume" not in run.steps,
+        [run.final, run.steps],
+    )
+    return out
+
+
+async def recover(ctx: dict[str, Any], checks: Checks) -> dict[str, Any]:
+    client, revs, digests, url, epochs = ctx["client"], ctx["revs"], ctx["digests"], ctx["url"], ctx["epochs"]
+    trainer = Trainer(url, {700: {"verifier": revs.verifier_b, "draft": revs.draft_b}}, sender=ctx["sender"])
+    goal = push_goal(700, digests, revs.verifier_b, revs.draft_b, ctx, sleep_mode=True)
+    run = await drive(client, goal, trainer, epochs, spec=ctx["spec"])
+    state = await client.observe()
+    out = {"steps": run.steps, "final": run.final, "errors": run.errors, "sends": trainer.sends, "joins": trainer.joins}
+    checks("recover: the restarted engine runs the whole push and resumes", run.final == "Done", run.steps)
+    if ctx.get("group_epoch") is not None:
+        checks(
+            "recover: a new transfer group (new epoch) was formed for the new process",
+            "JoinGroup" in run.steps and state.group is not None and state.group.epoch == ctx["group_epoch"],
+            [run.steps, state_summary(state)],
+        )
+    checks(
+        "recover: both digests are the files'",
+        state.verifier.digest == digests[revs.verifier_b]
+        and state.draft is not None
+        and state.draft.digest == digests[revs.draft_b]
+        and not state.destroyed,
+        state_summary(state),
+    )
+    return out
+
+
 # -- main ----------------------------------------------------------------------------------------------
 
 
@@ -569,7 +750,14 @@ async def main(args: argparse.Namespace) -> int:
         "digests": {pathlib.Path(p).name: d for p, d in digests.items()},
         "servers": [],
     }
-    parts = [p for p in args.parts.split(",") if p]
+    parts = [p for p in (args.parts or ",".join(PARTS if args.backend == "nccl" else IPC_PARTS)).split(",") if p]
+    result["backend"] = args.backend
+    if args.backend == "nccl":
+        os.environ.update(TRAINER_NCCL)  # read by NCCL when this process's first communicator forms
+        result["nccl_env"] = {"trainer": TRAINER_NCCL, "engine": ENGINE_NCCL}
+    spec = gpu_support.fleet_spec(
+        revs.verifier_a, revs.draft_a, gpu_memory_utilization=0.25, transfer_backend=args.backend
+    )
     epochs = Epochs()
     server = None
     started = 0
@@ -577,8 +765,8 @@ async def main(args: argparse.Namespace) -> int:
     def fresh_server() -> Any:
         nonlocal started
         started += 1
-        log = out_dir / f"vllm-push-{started}.log"
-        srv = start_server(work / f"server-{started}", log, revs.verifier_a, revs.draft_a)
+        log = out_dir / f"vllm-push-{args.backend}-{started}.log"
+        srv = start_server(work / f"server-{started}", log, revs.verifier_a, revs.draft_a, args.backend)
         result["servers"].append({"log": log.name, "start_s": srv.started_s})
         return srv
 
@@ -587,9 +775,15 @@ async def main(args: argparse.Namespace) -> int:
             token=TOKEN, retry=RetryPolicy(attempts=2, base_delay=0.05), reset=ResetPolicy(attempts=50)
         ) as pool:
             fresh_outputs: list[list[int]] = []
+            sender: Any = None
             for part in parts:
                 if server is None:
                     server = fresh_server()
+                    if args.backend == "nccl":
+                        # One group per engine process (a restarted pod gets a new epoch), one rank 0 each.
+                        from rolloutfleet.trainer import NcclSender
+
+                        sender = NcclSender("127.0.0.1", packed=False, join_timeout=120.0)
                     # What the fresh server serves with the A pair it loaded itself: the A reference.
                     fresh_outputs = await gpu_support.generate(server.url, gpu_support.prompts())
                 ctx = {
@@ -598,6 +792,9 @@ async def main(args: argparse.Namespace) -> int:
                     "digests": digests,
                     "url": server.url,
                     "epochs": epochs,
+                    "spec": spec,
+                    "sender": sender,
+                    "group_epoch": started if args.backend == "nccl" else None,
                 }
                 ctx["fresh_outputs_a"] = fresh_outputs
                 print(f"== {part}", flush=True)
@@ -610,12 +807,16 @@ async def main(args: argparse.Namespace) -> int:
                         result[part] = await abandon(ctx, checks, args.push_deadline)
                     elif part == "wrong_shape":
                         result[part] = await wrong_shape(ctx, checks)
+                    elif part == "dead_sender":
+                        result[part] = await dead_sender(ctx, checks, args.push_deadline * 5)
+                    elif part == "recover":
+                        result[part] = await recover(ctx, checks)
                     else:
                         raise SystemExit(f"unknown part {part!r} (parts: {', '.join(PARTS)})")
                 except Exception as exc:  # record and go on with the next part
                     checks(f"{part}: ran without an exception", False, traceback.format_exc()[-2000:])
                     result[part] = {"exception": f"{type(exc).__name__}: {exc}"}
-                if part in ("abandon", "wrong_shape"):
+                if part in ("abandon", "wrong_shape", "dead_sender"):
                     # RestartPod: the operator deletes the pod; the StatefulSet recreates it on its initial weights.
                     server.stop()
                     server = None
@@ -624,21 +825,25 @@ async def main(args: argparse.Namespace) -> int:
             server.stop()
         result["checks"] = checks.items
         result["passed"] = checks.passed
-        for log in sorted(out_dir.glob("vllm-push-*.log")):
+        for log in sorted(out_dir.glob(f"vllm-push-{args.backend}-*.log")):
             text = log.read_text(errors="replace")
             lines = [line for line in text.splitlines() if "rolloutfleet:" in line]
             result.setdefault("extension_log", {})[log.name] = lines[-60:]
-        (out_dir / "push-proof.json").write_text(json.dumps(result, indent=1, default=str))
+        (out_dir / f"push-proof-{args.backend}.json").write_text(json.dumps(result, indent=1, default=str))
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"{sum(i['ok'] for i in checks.items)}/{len(checks.items)} checks passed; {out_dir / 'push-proof.json'}")
+    passed = sum(i["ok"] for i in checks.items)
+    print(f"{passed}/{len(checks.items)} checks passed; {out_dir / f'push-proof-{args.backend}.json'}")
     return 0 if checks.passed else 1
 
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "bench" / "results" / "push-proof"))
-    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {', '.join(PARTS)}")
+    parser.add_argument("--backend", choices=("ipc", "nccl"), default="ipc", help="the fleet's weight transfer")
+    parser.add_argument(
+        "--parts", default="", help=f"comma-separated, from {', '.join(PARTS)} (default: all the backend has)"
+    )
     parser.add_argument("--cycles", type=int, default=10)
     parser.add_argument("--push-deadline", type=float, default=3.0, help="seconds a session waits (abandon part)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (checkpoints, token)")
@@ -648,5 +853,5 @@ def parse() -> argparse.Namespace:
 if __name__ == "__main__":
     arguments = parse()
     bootstrap()
-    sys.path[:0] = [str(REPO / "operator"), str(REPO / "worker_image"), str(REPO / "tests" / "gpu")]
+    sys.path[:0] = [str(REPO / d) for d in ("operator", "worker_image", "digest", "tests/gpu")]
     sys.exit(asyncio.run(main(arguments)))

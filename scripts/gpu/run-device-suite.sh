@@ -19,7 +19,8 @@
 # (bench/gpu_update.py), loader (bench/loader_stages.py alone: the loader's stages and its
 # switches, no vLLM, ~1 min), transfer (tests/contract/test_transfer_contract.py against an IPC-backend
 # server and a plain one: scripts/gpu/contract_transfer.py, ~2.5 min), push (bench/gpu_push.py: the 3.49 GB
-# model pushed by IPC vs loaded by path, ~2.5 min), all (suite + bench; may not fit one 10-minute call).
+# model pushed by IPC vs loaded by path, ~2.5 min), proof (scripts/gpu/push_proof.py with PROOF_ARGS: pushes
+# through the operator's planner, IPC or NCCL), all (suite + bench; may not fit one 10-minute call).
 # Several parts run in order: "stage2 transfer push". Results go to $OUT (the
 # device tool brings them back; at most 8 files), else to bench/results/gpu-run.
 set -euo pipefail
@@ -128,6 +129,17 @@ push() {
   cat "$out/push.md" 2>/dev/null | head -20 || true
 }
 
+proof() {
+  mkdir -p "$out"
+  # scripts/gpu/push_proof.py: pushed revisions through the operator's planner and executor (PROOF_ARGS, e.g.
+  # "--backend nccl --parts stale,cycles,abandon"); the engines load the worker from the wheels.
+  # shellcheck disable=SC2086
+  timeout "${PROOF_TIMEOUT:-560}" python3 scripts/gpu/push_proof.py --out "$out" ${PROOF_ARGS:-} > "$out/push-proof.log" 2>&1 \
+    || echo "proof rc=$?" | tee -a "$out/push-proof.log"
+  grep -E "^(PASS|FAIL|==|[0-9]+/[0-9]+ checks)" "$out/push-proof.log" | tail -60
+  tail -5 "$out/push-proof.log"
+}
+
 loader() {
   mkdir -p "$out"
   timeout "${LOADER_TIMEOUT:-300}" python3 bench/loader_stages.py --out "$out" > "$out/loader.log" 2>&1 \
@@ -149,6 +161,7 @@ case "${1:-}" in
         loader) loader ;;
         transfer) transfer ;;
         push) push ;;
+        proof) proof ;;
         all) suite; bench ;;
         *) echo "unknown part: $part" >&2; exit 2 ;;
       esac

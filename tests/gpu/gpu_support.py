@@ -376,13 +376,15 @@ def start_server(
     spec_method: str = "draft_model",
     transfer_backend: str | None = None,
     python_path: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Server:
     """Start vLLM from the operator-rendered command line and wait for ``/health``.
 
     Raises with the log's tail if it dies or never answers. The server imports the worker package from the
     same place this process does minus the repository's source trees: on the device that is the wheel the
     worker Dockerfile installs (scripts/gpu/run-device-suite.sh), and the log records where it came from.
-    ``python_path`` puts directories first (e.g. the ray stand-in of the IPC backend).
+    ``python_path`` puts directories first (e.g. the ray stand-in of the IPC backend); ``env`` adds to the
+    server's environment (e.g. the NCCL host identity of scripts/gpu/push_proof.py's one-GPU NCCL group).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     token_file = workdir / "control-token"
@@ -406,6 +408,7 @@ def start_server(
         "VLLM_NO_USAGE_STATS": "1",
         "HF_HUB_OFFLINE": "1",
         "PYTHONUNBUFFERED": "1",
+        **(env or {}),
     }
     log.parent.mkdir(parents=True, exist_ok=True)
     out = log.open("ab")
