@@ -7,7 +7,6 @@ forms such a group with torch.distributed and broadcasts 1 GiB from rank 0; it p
 bandwidth. Run on the device: ``python3 scripts/gpu/nccl_hostid_probe.py`` (no vLLM needed).
 """
 
-# ruff: noqa: S108, S603
 from __future__ import annotations
 
 import os
@@ -47,20 +46,33 @@ def main() -> int:
             port = s.getsockname()[1]
         procs = []
         for rank in (0, 1):
-            env = {**os.environ, "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_SOCKET_IFNAME": "lo",
-                   "NCCL_IB_DISABLE": "1", "NCCL_NVLS_ENABLE": "0"}
+            env = {
+                **os.environ,
+                "NCCL_DEBUG": "INFO",
+                "NCCL_DEBUG_SUBSYS": "INIT,NET",
+                "NCCL_SOCKET_IFNAME": "lo",
+                "NCCL_IB_DISABLE": "1",
+                "NCCL_NVLS_ENABLE": "0",
+            }
             if not same_host:
                 env["NCCL_HOSTID"] = f"rolloutfleet-probe-{rank}"
-            procs.append(subprocess.Popen([sys.executable, __file__, str(rank), str(port), "1" if same_host else "0"],
-                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, __file__, str(rank), str(port), "1" if same_host else "0"],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
         for p in procs:
             try:
                 out, _ = p.communicate(timeout=120)
             except subprocess.TimeoutExpired:
                 p.kill()
                 out, _ = p.communicate()
-            lines = [l for l in out.splitlines() if "rank" in l.lower() and ("received" in l or "Duplicate" in l
-                     or "NET/" in l or "Error" in l or "error" in l or "via" in l)]
+            keep = ("received", "Duplicate", "NET/", "Error", "error", "via")
+            lines = [line for line in out.splitlines() if "rank" in line.lower() and any(k in line for k in keep)]
             print(f"--- same_host={same_host} rc={p.returncode}")
             print("\n".join(lines[-25:]))
             rc |= p.returncode if not same_host else 0
