@@ -285,17 +285,6 @@ class Kube:
             cached.seed(out)
         return list(out.get("items") or [])
 
-    async def wait_pods(
-        self, namespace: str, label_selector: str, done: Callable[[dict[str, Manifest]], bool], timeout: float
-    ) -> bool:
-        """Wait until ``done`` holds for the watched pods of ``label_selector`` (by name, as ``list`` serves
-        them), checked at each change; False at once where no watch is current (nothing to wait on), else
-        after ``timeout`` seconds."""
-        cached = self._watched.get((namespace, label_selector))
-        if cached is None or not cached.current:
-            return False
-        return await cached.wait_for(done, timeout)
-
     def _reap(self) -> None:
         """Stop watching lists nobody read for a while (a deleted fleet's pods)."""
         for key, watched in list(self._watched.items()):

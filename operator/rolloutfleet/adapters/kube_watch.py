@@ -124,7 +124,6 @@ class WatchedList:
         self.forbidden = False  # 403 on watch: serve real lists for good
         self.last_read = time.monotonic()
         self._task: asyncio.Task[None] | None = None
-        self._waiters: list[asyncio.Event] = []  # ``wait_for`` callers, woken by every change
 
     @property
     def current(self) -> bool:
@@ -137,27 +136,6 @@ class WatchedList:
 
     def idle(self) -> bool:
         return time.monotonic() - self.last_read > IDLE_SECONDS
-
-    async def wait_for(self, done: Callable[[dict[str, Manifest]], bool], timeout: float) -> bool:
-        """Wait until ``done(items)`` holds, checked at each change the watch delivers; False after
-        ``timeout`` seconds or once the watch is no longer current (nothing it says can be trusted)."""
-        deadline = time.monotonic() + timeout
-        while self.current:
-            if done(self.items):
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            changed = asyncio.Event()
-            self._waiters.append(changed)
-            try:
-                await asyncio.wait_for(changed.wait(), left)
-            except TimeoutError:
-                return done(self.items) and self.current
-            finally:
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(changed)
-        return False
 
     def seed(self, listing: Manifest) -> None:
         """A fresh list's answer: the objects and the version to watch from; (re)starts the watch."""
@@ -213,8 +191,6 @@ class WatchedList:
             log.warning("watch of %s: unreadable event: %s", self.path, exc)
         finally:
             self.open = False
-            for changed in self._waiters:  # waiters see the watch is gone and stop waiting
-                changed.set()
 
     def _opened(self) -> None:
         self.open = True
@@ -233,8 +209,6 @@ class WatchedList:
             self.items.pop(name, None)
         else:  # ADDED, MODIFIED: decoded as the projection already (``decode_pod_event``)
             self.items[name] = obj
-        for changed in self._waiters:
-            changed.set()
         return True
 
 
