@@ -62,9 +62,17 @@ def budget(strategy: UpdateStrategy, override: StrategyOverride | None, total: i
 UNAVAILABLE_VERDICTS = frozenset({Step.UNREACHABLE, Step.ENGINE_ERROR, Step.ENGINE_MISMATCH})
 
 
+_SERVING_OR_VERDICT = IN_SERVICE_STEPS | UNAVAILABLE_VERDICTS
+# The steps whose pod serves nobody (``is_unavailable`` without the routing part), as one set: ``admit``
+# tests every pod of the fleet at each of the pass's iterations.
+_UNAVAILABLE_STEPS = frozenset(
+    s for s in Step if s in UNAVAILABLE_VERDICTS or (s != Step.DONE and s not in IN_SERVICE_STEPS)
+)
+
+
 def out_of_service(decision: Decision) -> bool:
     """The pod is paused or asleep for this transaction (it still serves before its PAUSE, while it stages)."""
-    return decision.step != Step.DONE and decision.step not in IN_SERVICE_STEPS | UNAVAILABLE_VERDICTS
+    return decision.step != Step.DONE and decision.step not in _SERVING_OR_VERDICT
 
 
 def is_unavailable(name: str, decision: Decision, not_ready: Collection[str]) -> bool:
@@ -92,30 +100,31 @@ def admit(
     """
     not_ready = frozenset(unavailable)
     canaries = order[: plan.canary]
+    canary_set, order_set = frozenset(canaries), frozenset(order)
     canaries_done = gate_open and all(decisions[p].step == Step.DONE for p in canaries if p in decisions)
-    busy = sum(
-        1
-        for name, d in decisions.items()
-        if is_unavailable(name, d, not_ready) or (name in inflight and d.step == Step.PAUSE)
-    )
+    # One pass over the fleet for every count below: the pass calls this at each of its iterations.
+    busy = staging = 0
+    barrier_open, any_staging = True, False
+    for name, d in decisions.items():
+        step = d.step
+        if step in _UNAVAILABLE_STEPS or name in not_ready or (step == Step.PAUSE and name in inflight):
+            busy += 1
+        if step == Step.AWAIT_STAGE or (step == Step.STAGE and name in inflight):
+            staging += 1
+        if name in order_set:
+            any_staging = any_staging or step in STAGING_STEPS
+            if barrier_open and step not in (Step.DONE, Step.RESUME) and name not in canary_set:
+                barrier_open = False
     limit = plan.max_unavailable if plan.rollout == RolloutType.ROLLING else len(order)
-    barrier_open = all(
-        decisions[p].step in (Step.DONE, Step.RESUME) for p in order if p in decisions and p not in canaries
-    )
     # AllAtOnce: nobody pauses while any pod still stages (or failed to): the pause holds only commits.
-    staged_all = plan.rollout != RolloutType.ALL_AT_ONCE or not any(
-        decisions[p].step in STAGING_STEPS for p in order if p in decisions
-    )
-    staging = sum(
-        1 for name, d in decisions.items() if d.step == Step.AWAIT_STAGE or (name in inflight and d.step == Step.STAGE)
-    )
+    staged_all = plan.rollout != RolloutType.ALL_AT_ONCE or not any_staging
     stage_limit = plan.max_concurrent_loads or len(order)
     chosen: dict[str, Decision] = {}
     for name in order:
         decision = decisions.get(name)
         if decision is None or decision.step not in ACTIONS or name in inflight:
             continue
-        is_canary = name in canaries
+        is_canary = name in canary_set
         if decision.step == Step.STAGE:
             if staging >= stage_limit:
                 continue

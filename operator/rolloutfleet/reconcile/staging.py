@@ -28,17 +28,14 @@ def poll_seconds(decisions: Mapping[str, Decision], states: Mapping[str, EngineS
     From each stage's own rate so far: a 3.5 GB stage at 20 GB/s is read again about when it should be done,
     not every few milliseconds (each read is four requests per engine, and a fleet stages all at once).
     """
+    waiting = [pod for pod, decision in decisions.items() if decision.step is Step.AWAIT_STAGE]  # every iteration
+    if not waiting:
+        return None
     etas: list[float] = []
-    waiting = False
-    for pod, decision in decisions.items():
-        if decision.step != Step.AWAIT_STAGE:
-            continue
-        waiting = True
+    for pod in waiting:
         stage = states[pod].staged if pod in states else None
         eta = transaction.stage_eta(stage) if stage is not None else None
         etas.append(POLL_FIRST_SECONDS if eta is None else eta)
-    if not waiting:
-        return None
     return min(POLL_MAX_SECONDS, max(POLL_MIN_SECONDS, min(etas)))
 
 

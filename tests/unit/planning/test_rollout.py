@@ -112,3 +112,11 @@ def test_pods_not_ready_count_against_the_budget_and_are_caught_up_outside_it() 
     assert set(rollout.admit(d, PODS, rolling, unavailable={"p-4", "p-5"})) == {"p-4", "p-5"}
     d = decisions(Step.LOAD_VERIFIER, Step.PAUSE, Step.PAUSE, Step.PAUSE, Step.PAUSE, Step.PAUSE)
     assert set(rollout.admit(d, PODS, rolling, unavailable={"p-5"})) == {"p-0", "p-5"}
+
+
+def test_the_budgets_set_of_unavailable_steps_is_is_unavailable() -> None:
+    # ``admit`` counts the pods that serve nobody with one set lookup per pod (it runs at every iteration of a
+    # pass over the whole fleet); it must say exactly what ``is_unavailable`` says of a routed pod.
+    for step in Step:
+        assert (step in rollout._UNAVAILABLE_STEPS) == rollout.is_unavailable("p", Decision(step), frozenset()), step
+        assert rollout.is_unavailable("p", Decision(step), frozenset({"p"}))  # not routed: serves nobody
