@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 import aiohttp
+import msgspec
 from kubernetes import client as k8s_client
 
 Manifest = dict[str, Any]
@@ -123,7 +124,9 @@ class KubeHTTP:
         """One request; the decoded JSON answer (None with ``decode=False``: a write whose answer, the whole
         object, nobody reads), or ``KubeHTTPError``."""
         session = self._open()
-        data = None if body is None else json.dumps(body)
+        # msgspec: the same JSON as the json module, several times faster on objects with a row per pod (the
+        # fleet status read at every fleet-status write: 2.3 % of the operator's CPU at 1,024 pods, issue 18).
+        data = None if body is None else msgspec.json.encode(body)
         async with self._slots:
             try:
                 async with session.request(
@@ -135,14 +138,12 @@ class KubeHTTP:
                     timeout=aiohttp.ClientTimeout(total=timeout),
                     **self._route(),
                 ) as resp:
-                    if decode or not 200 <= resp.status < 300:
-                        text = await resp.text()
-                    else:
-                        await resp.read()  # read to the end: the connection goes back to the pool
-                        return None
+                    raw = await resp.read()  # read to the end either way: the connection goes back to the pool
                     if not 200 <= resp.status < 300:
-                        raise KubeHTTPError(resp.status, _message(text, resp.reason or ""))
-                    return json.loads(text) if text else None
+                        raise KubeHTTPError(resp.status, _message(raw.decode("utf-8", "replace"), resp.reason or ""))
+                    if not decode:
+                        return None
+                    return msgspec.json.decode(raw) if raw else None
             except TimeoutError as exc:
                 raise KubeHTTPError(0, f"no answer in {timeout:g}s: {method} {path}") from exc
             except aiohttp.ClientError as exc:

@@ -66,8 +66,10 @@ async def test_slow_step_succeeds_and_latency_is_reported(
 ) -> None:
     sim.add_fault(FaultRule(step=key, kind=FaultKind.SLOW, delay=0.1))
     await run_until(client, key)
+    # The delayed call succeeded and its latency shows the delay. (Not "the only call of 0.1 s or more": on a
+    # loaded box another call of the run took that long too, and the test failed for the box, not the client.)
     slow = [s for s, secs, outcome in latencies.calls if secs >= 0.1 and outcome == "ok"]
-    assert len(slow) == 1 and slow[0].split(":")[0] == key.split(":")[0]
+    assert key.split(":")[0] in [s.split(":")[0] for s in slow], latencies.calls
 
 
 @pytest.mark.parametrize("target", ["verifier", "draft"])

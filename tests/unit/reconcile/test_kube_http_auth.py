@@ -25,15 +25,14 @@ def test_the_token_is_read_once_per_interval_and_a_refresh_is_picked_up(monkeypa
     def refresh(config: k8s_client.Configuration) -> None:  # the hook kubeconfig loading installs
         reads.append(1)
 
-    configuration.refresh_api_key_hook = refresh
-    now = [1000.0]
-    monkeypatch.setattr(kube_http.time, "monotonic", lambda: now[0])
+    configuration.refresh_api_key_hook = refresh  # type: ignore[assignment]
+    monkeypatch.setattr(kube_http, "AUTH_SECONDS", 3600.0)  # no interval ends during the loop below
     http = KubeHTTP(configuration, limit=1)
     assert http._headers(None)["authorization"] == "Bearer one"
     for _ in range(50):
         assert http._headers("application/json")["authorization"] == "Bearer one"
     assert len(reads) == 1
     configuration.api_key = {"authorization": "two"}  # the token was renewed
-    now[0] += kube_http.AUTH_SECONDS
+    monkeypatch.setattr(kube_http, "AUTH_SECONDS", 0.0)  # the interval is over
     assert http._headers(None)["authorization"] == "Bearer two"
     assert len(reads) == 2
