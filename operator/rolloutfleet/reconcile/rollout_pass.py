@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -131,7 +132,8 @@ class RolloutPass:
         self.stale: set[str] = set(self.order)  # pods whose state must be read from the engine
         self.changed: set[str] = set(self.order)  # pods whose decision must be derived again
         self.inflight: dict[str, asyncio.Task[None]] = {}  # pods with a step running
-        self.step_done = asyncio.Event()  # set when a step of ``inflight`` ended
+        self.ended: list[str] = []  # pods of ``inflight`` whose step ended, in the order they ended
+        self.step_done = asyncio.Event()  # set with each of them
         self.routed_out: set[str] = set()  # pods taken out of the Service ahead of their PAUSE step
         self.resume_batch: dict[str, _Batch] = {}  # AllAtOnce: pods routed back in once their batch resumed
         self.paused_since: float | None = None  # AllAtOnce: when the fleet paused together (until it resumed)
@@ -300,7 +302,7 @@ class RolloutPass:
             self._resume_together(chosen)
             for pod, decision in chosen.items():
                 task = self.inflight[pod] = asyncio.create_task(self._step(pod, decision))
-                task.add_done_callback(self._step_ended)
+                task.add_done_callback(functools.partial(self._step_ended, pod))
             if chosen:  # the status shows the steps started (a chain runs long before its first answer)
                 await self._write_status()
                 self._schedule_fleet_status()
@@ -330,16 +332,18 @@ class RolloutPass:
             quiet = self._quiet_left()
             if quiet > 0:  # wake when the quiet moment ends: the progress it held back is written then
                 poll = quiet if poll is None else min(poll, quiet)
-            if not self.step_done.is_set():
-                # One event that every step's task sets when it ends, not asyncio.wait over all of them: that
-                # adds and removes a callback on every task in flight per call (1,024 pods: 3.7 % of the
-                # operator's CPU, issue 18).
+            if not self.ended:
+                # Each step's task reports its own end (``_step_ended``), not asyncio.wait over all of them:
+                # that adds and removes a callback on every task in flight per call (1,024 pods: 3.7 % of the
+                # operator's CPU, issue 18). Only the pods reported are taken: a task seen done before its
+                # report arrived would wake the loop once more for nothing.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.step_done.wait(), poll)
-            if not self.step_done.is_set():
+            if not self.ended:
                 self._stage_due()
-            self.step_done.clear()  # before the scan: a step that ends after it sets it again
-            for pod in [p for p, task in self.inflight.items() if task.done()]:
+            ended, self.ended = self.ended, []
+            self.step_done.clear()
+            for pod in ended:
                 self.inflight.pop(pod).result()  # _step handles step errors; anything else is a bug: raise
             self.timing["steps"] += time.monotonic() - mark
             mark = time.monotonic()
@@ -595,7 +599,8 @@ class RolloutPass:
         self.memory.remember({p: self.states[p] for p in self.order if p in self.states}, uids)
         self.memory.steps = {p: d.step.value for p, d in self.decisions.items()}
 
-    def _step_ended(self, _task: asyncio.Task[None]) -> None:
+    def _step_ended(self, pod: str, _task: asyncio.Task[None]) -> None:
+        self.ended.append(pod)
         self.step_done.set()
 
     def _all_done(self) -> bool:
