@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
 import aiohttp
+import msgspec
 
 from rolloutfleet.adapters import engine_wire as wire
 from rolloutfleet.adapters.engine_policy import (
@@ -907,6 +908,12 @@ class EngineClient:
         headers = {}
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        data = None
+        if json_body is not None:
+            # msgspec, not aiohttp's json.dumps: the same JSON, and encoding was 4 % of the operator's CPU at
+            # 1,024 pods (issue 18).
+            data = msgspec.json.encode(json_body)
+            headers["Content-Type"] = "application/json"
         url = self.base_url + path
         outcome = "ok"
         started = time.perf_counter()
@@ -915,7 +922,7 @@ class EngineClient:
                 method,
                 url,
                 params=list(params) if params else None,
-                json=json_body,
+                data=data,
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=budget, sock_connect=min(budget, self.timeouts.connect)),
             ) as resp:
