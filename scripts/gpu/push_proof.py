@@ -438,6 +438,14 @@ def push_goal(
     )
 
 
+async def push_run(
+    ctx: dict[str, Any], trainer: Trainer, revision: int, verifier: str, draft: str | None, **kw: Any
+) -> Run:
+    """``drive`` a pushed revision of ``verifier`` and ``draft`` (directories) on the server of ``ctx``."""
+    goal = push_goal(revision, ctx["digests"], verifier, draft, ctx, **kw)
+    return await drive(ctx["client"], goal, trainer, ctx["epochs"], spec=ctx["spec"])
+
+
 def path_goal(revision: int, digests: dict[str, str], verifier: str, draft: str, *, sleep_mode: bool) -> Any:
     from rolloutfleet.planning import transaction
 
@@ -494,9 +502,7 @@ async def stale(ctx: dict[str, Any], checks: Checks) -> dict[str, Any]:
     out["acceptance_a"] = await gpu_support.acceptance(url, batch)
 
     trainer = Trainer(url, {101: {"verifier": revs.verifier_b, "draft": revs.draft_b}}, sender=ctx["sender"])
-    run = await drive(
-        client, push_goal(101, digests, revs.verifier_b, None, ctx, sleep_mode=False), trainer, epochs, spec=ctx["spec"]
-    )
+    run = await push_run(ctx, trainer, 101, revs.verifier_b, None, sleep_mode=False)
     state = await client.observe()
     out["verifier_only_push"] = {"steps": run.steps, "final": run.final, "errors": run.errors, "sends": trainer.sends}
     checks("stale: verifier-only push runs its session and resumes", run.steps[-1:] == ["Resume"], run.steps)
@@ -517,13 +523,7 @@ async def stale(ctx: dict[str, Any], checks: Checks) -> dict[str, Any]:
     out["acceptance_stale"] = await gpu_support.acceptance(url, batch)
 
     trainer.sends.clear()
-    run = await drive(
-        client,
-        push_goal(101, digests, revs.verifier_b, revs.draft_b, ctx, sleep_mode=False),
-        trainer,
-        epochs,
-        spec=ctx["spec"],
-    )
+    run = await push_run(ctx, trainer, 101, revs.verifier_b, revs.draft_b, sleep_mode=False)
     state = await client.observe()
     out["draft_push"] = {"steps": run.steps, "final": run.final, "errors": run.errors, "sends": trainer.sends}
     checks(
@@ -563,9 +563,7 @@ async def cycles(ctx: dict[str, Any], checks: Checks, count: int) -> dict[str, A
         revision = 300 + k
         v, d = sources[revision]["verifier"], sources[revision]["draft"]
         trainer.sends.clear()
-        run = await drive(
-            client, push_goal(revision, digests, v, d, ctx, sleep_mode=True), trainer, epochs, spec=ctx["spec"]
-        )
+        run = await push_run(ctx, trainer, revision, v, d, sleep_mode=True)
         state = await client.observe()
         outputs = await gpu_support.generate(url, batch)
         pair = "B" if v == revs.verifier_b else "A"
@@ -626,20 +624,14 @@ async def abandon(ctx: dict[str, Any], checks: Checks, deadline: float) -> dict[
 async def wrong_shape(ctx: dict[str, Any], checks: Checks) -> dict[str, Any]:
     from rolloutfleet.planning import transaction
 
-    client, revs, digests, url, epochs = ctx["client"], ctx["revs"], ctx["digests"], ctx["url"], ctx["epochs"]
+    client, revs, url = ctx["client"], ctx["revs"], ctx["url"]
     trainer = Trainer(
         url,
         {500: {"verifier": revs.verifier_b, "draft": revs.draft_b}},
         wrong_shape="model.layers.0.mlp.down_proj.weight",
         sender=ctx["sender"],
     )
-    run = await drive(
-        client,
-        push_goal(500, digests, revs.verifier_b, revs.draft_b, ctx, sleep_mode=False),
-        trainer,
-        epochs,
-        spec=ctx["spec"],
-    )
+    run = await push_run(ctx, trainer, 500, revs.verifier_b, revs.draft_b, sleep_mode=False)
     state = await client.observe()
     later = [transaction.next_step(run.goal, await client.observe()).step.value for _ in range(3)]
     statuses = [s["status"] for s in trainer.sends]
@@ -701,10 +693,9 @@ async def dead_sender(ctx: dict[str, Any], checks: Checks, deadline: float) -> d
 
 
 async def recover(ctx: dict[str, Any], checks: Checks) -> dict[str, Any]:
-    client, revs, digests, url, epochs = ctx["client"], ctx["revs"], ctx["digests"], ctx["url"], ctx["epochs"]
+    client, revs, digests, url = ctx["client"], ctx["revs"], ctx["digests"], ctx["url"]
     trainer = Trainer(url, {700: {"verifier": revs.verifier_b, "draft": revs.draft_b}}, sender=ctx["sender"])
-    goal = push_goal(700, digests, revs.verifier_b, revs.draft_b, ctx, sleep_mode=True)
-    run = await drive(client, goal, trainer, epochs, spec=ctx["spec"])
+    run = await push_run(ctx, trainer, 700, revs.verifier_b, revs.draft_b, sleep_mode=True)
     state = await client.observe()
     out = {"steps": run.steps, "final": run.final, "errors": run.errors, "sends": trainer.sends, "joins": trainer.joins}
     checks("recover: the restarted engine runs the whole push and resumes", run.final == "Done", run.steps)

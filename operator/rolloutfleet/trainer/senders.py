@@ -131,6 +131,14 @@ def _metadata(items: Sequence[tuple[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _gpu_tensors_only(items: Sequence[tuple[str, Any]], target: str, how: str) -> None:
+    """InvalidTensors for the first item that is not a torch tensor on a GPU (``how``: "CUDA IPC sends")."""
+    for name, value in items:
+        if isinstance(value, RawTensor) or value.device.type != "cuda":
+            where = "raw bytes" if isinstance(value, RawTensor) else f"on {value.device}"
+            raise InvalidTensors(target, f"{name}: {how} torch tensors on a GPU, this one is {where}")
+
+
 class SimulatedSender(Sender):
     """For the engine simulator: the raw bytes of every tensor, base64, beside vLLM's metadata.
 
@@ -167,10 +175,7 @@ class IpcSender(Sender):
 
     def check(self, items: Sequence[tuple[str, Any]], target: str = "tensors") -> None:
         super().check(items, target)
-        for name, value in items:
-            if isinstance(value, RawTensor) or value.device.type != "cuda":
-                where = "raw bytes" if isinstance(value, RawTensor) else f"on {value.device}"
-                raise InvalidTensors(target, f"{name}: CUDA IPC sends torch tensors on a GPU, this one is {where}")
+        _gpu_tensors_only(items, target, "CUDA IPC sends")
 
     def update_info(self, items: Sequence[tuple[str, Any]]) -> tuple[dict[str, Any], list[Any]]:
         for name, value in items:
@@ -268,10 +273,8 @@ class NcclSender(Sender):
 
     def check(self, items: Sequence[tuple[str, Any]], target: str = "tensors") -> None:
         super().check(items, target)
+        _gpu_tensors_only(items, target, "NCCL broadcasts")
         for name, value in items:
-            if isinstance(value, RawTensor) or value.device.type != "cuda":
-                where = "raw bytes" if isinstance(value, RawTensor) else f"on {value.device}"
-                raise InvalidTensors(target, f"{name}: NCCL broadcasts torch tensors on a GPU, this one is {where}")
             if not value.is_contiguous():
                 # A broadcast sends the storage from the first element on: a strided view would send other bytes.
                 raise InvalidTensors(target, f"{name}: NCCL broadcasts contiguous tensors (call .contiguous())")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
-from trainer_fakes import Call, FakeCore, FakeCustomObjects, FakeEngine, fleet
+from trainer_fakes import Call, FakeCore, FakeCustomObjects, FakeEngine, fleet, push_core_api, push_custom_api
 
 from rolloutfleet.trainer import push
 from rolloutfleet.trainer.digest import RawTensor
@@ -247,18 +247,12 @@ def test_only_gpu_tensors_are_broadcast() -> None:
 
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> FakeCustomObjects:
-    fake = FakeCustomObjects()
-    fake.add("rolloutfleets", NS, fleet("pol", "/w", transfer="nccl"))
-    monkeypatch.setattr(push, "custom_objects_api", lambda _api: fake)
-    return fake
+    return push_custom_api(monkeypatch, NS, fleet("pol", "/w", transfer="nccl"))
 
 
 @pytest.fixture
 def core(monkeypatch: pytest.MonkeyPatch) -> FakeCore:
-    fake = FakeCore()
-    fake.secrets[(NS, "pol-control-token")] = {"token": TOKEN}
-    monkeypatch.setattr(push, "core_api", lambda _api: fake)
-    return fake
+    return push_core_api(monkeypatch, NS, TOKEN, "pol")
 
 
 def test_the_push_client_joins_the_group_then_feeds_each_target_by_one_broadcast(

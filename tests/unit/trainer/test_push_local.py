@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
-from trainer_fakes import Call, FakeCore, FakeCustomObjects, FakeEngine, fleet
+from trainer_fakes import Call, FakeCore, FakeCustomObjects, FakeEngine, fleet, push_core_api, push_custom_api
 
 from rolloutfleet.digest import digest_directory
 from rolloutfleet.resources import labels
@@ -90,20 +90,14 @@ class Operator:
 
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> FakeCustomObjects:
-    fake = FakeCustomObjects()
-    fake.add("rolloutfleets", NS, fleet("pol", "/w", transfer="ipc"))
-    fake.add("rolloutfleets", NS, fleet("solo", "/w", draft="none", transfer="ipc"))
-    monkeypatch.setattr(push, "custom_objects_api", lambda _api: fake)
-    return fake
+    return push_custom_api(
+        monkeypatch, NS, fleet("pol", "/w", transfer="ipc"), fleet("solo", "/w", draft="none", transfer="ipc")
+    )
 
 
 @pytest.fixture
 def core(monkeypatch: pytest.MonkeyPatch) -> FakeCore:
-    fake = FakeCore()
-    fake.secrets[(NS, "pol-control-token")] = {"token": TOKEN}
-    fake.secrets[(NS, "solo-control-token")] = {"token": TOKEN}
-    monkeypatch.setattr(push, "core_api", lambda _api: fake)
-    return fake
+    return push_core_api(monkeypatch, NS, TOKEN, "pol", "solo")
 
 
 @pytest.fixture

@@ -229,3 +229,25 @@ def revision(
     for key, value in kw.items():
         spec[key] = value
     return {"metadata": {"name": name}, "spec": spec, "status": {"phase": phase}}
+
+
+def push_custom_api(monkeypatch: Any, namespace: str, *fleets: dict[str, Any]) -> FakeCustomObjects:
+    """A FakeCustomObjects holding ``fleets``, wired in as the push client's custom-objects API."""
+    from rolloutfleet.trainer import push
+
+    fake = FakeCustomObjects()
+    for body in fleets:
+        fake.add("rolloutfleets", namespace, body)
+    monkeypatch.setattr(push, "custom_objects_api", lambda _api: fake)
+    return fake
+
+
+def push_core_api(monkeypatch: Any, namespace: str, token: str, *fleet_names: str) -> FakeCore:
+    """A FakeCore with each fleet's control-token Secret, wired in as the push client's core API."""
+    from rolloutfleet.trainer import push
+
+    fake = FakeCore()
+    for name in fleet_names:
+        fake.secrets[(namespace, f"{name}-control-token")] = {"token": token}
+    monkeypatch.setattr(push, "core_api", lambda _api: fake)
+    return fake
