@@ -439,10 +439,20 @@ def push_goal(
 
 
 async def push_run(
-    ctx: dict[str, Any], trainer: Trainer, revision: int, verifier: str, draft: str | None, **kw: Any
+    ctx: dict[str, Any],
+    trainer: Trainer,
+    revision: int,
+    verifier: str,
+    draft: str | None,
+    *,
+    deadline: float | None = None,
+    **kw: Any,
 ) -> Run:
-    """``drive`` a pushed revision of ``verifier`` and ``draft`` (directories) on the server of ``ctx``."""
+    """``drive`` a pushed revision of ``verifier`` and ``draft`` (directories) on the server of ``ctx``;
+    ``deadline``: how long its sessions wait for the trainer (the goal's default otherwise)."""
     goal = push_goal(revision, ctx["digests"], verifier, draft, ctx, **kw)
+    if deadline is not None:
+        goal = dataclasses.replace(goal, push=dataclasses.replace(goal.push, deadline_s=deadline))
     return await drive(ctx["client"], goal, trainer, ctx["epochs"], spec=ctx["spec"])
 
 
@@ -592,11 +602,9 @@ async def cycles(ctx: dict[str, Any], checks: Checks, count: int) -> dict[str, A
 async def abandon(ctx: dict[str, Any], checks: Checks, deadline: float) -> dict[str, Any]:
     from rolloutfleet.planning import transaction
 
-    client, revs, digests, url, epochs = ctx["client"], ctx["revs"], ctx["digests"], ctx["url"], ctx["epochs"]
+    client, revs, url = ctx["client"], ctx["revs"], ctx["url"]
     trainer = Trainer(url, {400: {"verifier": revs.verifier_b}}, silent=True, sender=ctx["sender"])
-    goal = push_goal(400, digests, revs.verifier_b, None, ctx, sleep_mode=False)
-    goal = dataclasses.replace(goal, push=dataclasses.replace(goal.push, deadline_s=deadline))
-    run = await drive(client, goal, trainer, epochs, spec=ctx["spec"])
+    run = await push_run(ctx, trainer, 400, revs.verifier_b, None, deadline=deadline, sleep_mode=False)
     state = await client.observe()
     later = [transaction.next_step(run.goal, await client.observe()).step.value for _ in range(3)]
     out = {
@@ -669,11 +677,9 @@ async def wrong_shape(ctx: dict[str, Any], checks: Checks) -> dict[str, Any]:
 
 
 async def dead_sender(ctx: dict[str, Any], checks: Checks, deadline: float) -> dict[str, Any]:
-    client, revs, digests, url, epochs = ctx["client"], ctx["revs"], ctx["digests"], ctx["url"], ctx["epochs"]
+    revs, url = ctx["revs"], ctx["url"]
     trainer = Trainer(url, {600: {"verifier": revs.verifier_b}}, sender=ctx["sender"], partial=True)
-    goal = push_goal(600, digests, revs.verifier_b, None, ctx, sleep_mode=False)
-    goal = dataclasses.replace(goal, push=dataclasses.replace(goal.push, deadline_s=deadline))
-    run = await drive(client, goal, trainer, epochs, spec=ctx["spec"])
+    run = await push_run(ctx, trainer, 600, revs.verifier_b, None, deadline=deadline, sleep_mode=False)
     out = {
         "steps": run.steps,
         "decisions": run.decisions[-8:],
