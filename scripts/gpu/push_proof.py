@@ -334,6 +334,11 @@ class Run:
     goal: Any = None
     seconds: float = 0.0
 
+    def summary(self, decisions: int) -> dict[str, Any]:
+        """What a part records of a run: its steps, its last ``decisions`` decisions, errors, verdict, time."""
+        keep = {"decisions": self.decisions[-decisions:], "errors": self.errors}
+        return {"steps": self.steps, **keep, "final": self.final, "seconds": self.seconds}
+
 
 async def drive(
     client: Any,
@@ -607,15 +612,7 @@ async def abandon(ctx: dict[str, Any], checks: Checks, deadline: float) -> dict[
     run = await push_run(ctx, trainer, 400, revs.verifier_b, None, deadline=deadline, sleep_mode=False)
     state = await client.observe()
     later = [transaction.next_step(run.goal, await client.observe()).step.value for _ in range(3)]
-    out = {
-        "steps": run.steps,
-        "decisions": run.decisions[-6:],
-        "errors": run.errors,
-        "final": run.final,
-        "seconds": run.seconds,
-        "state": state_summary(state),
-        "later_decisions": later,
-    }
+    out = {**run.summary(6), "state": state_summary(state), "later_decisions": later}
     checks("abandon: the session is abandoned after the deadline", "AbandonSession" in run.steps, run.steps)
     checks(
         "abandon: the abandon step fails PushAbandoned",
@@ -680,14 +677,7 @@ async def dead_sender(ctx: dict[str, Any], checks: Checks, deadline: float) -> d
     revs, url = ctx["revs"], ctx["url"]
     trainer = Trainer(url, {600: {"verifier": revs.verifier_b}}, sender=ctx["sender"], partial=True)
     run = await push_run(ctx, trainer, 600, revs.verifier_b, None, deadline=deadline, sleep_mode=False)
-    out = {
-        "steps": run.steps,
-        "decisions": run.decisions[-8:],
-        "errors": run.errors,
-        "final": run.final,
-        "seconds": run.seconds,
-        "joins": trainer.joins,
-    }
+    out = {**run.summary(8), "joins": trainer.joins}
     decided = [d for d, _ in run.decisions]
     checks("dead_sender: the engine stopped answering inside the broadcast", "Unreachable" in decided, run.decisions)
     checks(
