@@ -47,7 +47,7 @@ import urllib.request
 from typing import Any
 
 from rolloutfleet.sim.config import Latencies, WeightsConfig
-from rolloutfleet.sim.follower import PodFollower
+from rolloutfleet.sim.follower import FollowedPod, PodFollower
 
 # Base per-step simulated latencies (seconds), keyed as the simulator keys its steps (``Latencies.fixed``
 # takes the most specific configured key: ``pause:keep`` falls back to ``pause``, ``sleep:2`` to ``sleep``).
@@ -318,9 +318,8 @@ class BenchFollower(PodFollower):
     _applied: dict[str, Any] = dataclasses.field(default_factory=dict, init=False)  # engine key -> engine set
     _acked: tuple[int, int, int] | None = dataclasses.field(default=None, init=False)
 
-    async def _read(self) -> tuple[dict[str, Any] | None, str | None, list[Any]]:
-        fleet, token, pods = await super()._read()
-        return fleet, token, [p for p in pods if _ordinal(p.metadata.name) % self.procs == self.index]
+    def mine(self, pod: FollowedPod) -> bool:
+        return _ordinal(pod.name) % self.procs == self.index
 
     async def run(self) -> None:
         watcher = asyncio.create_task(self._watch())
@@ -373,7 +372,7 @@ def follower_main(kubeconfig: str, index: int, procs: int, latency_file: str) ->
         FLEET,
         weights=WeightsConfig(synthetic_root="/synthetic", verifier_bytes=16 * 2**30, draft_bytes=2**30),
         latencies=Latencies(steps=dict(BASE_STEPS)),
-        interval=3.0,  # pods do not change during a rollout; listing 1,024 pods often loads the apiserver
+        interval=3.0,  # the fleet and its token: the fleet object carries a status row per pod
         index=index,
         procs=procs,
         latency_file=pathlib.Path(latency_file),

@@ -249,12 +249,11 @@ def more_gpus(k8s_api: client.ApiClient) -> Iterator[None]:
 COMMIT_S = 0.3  # the simulated commit of one target (pinned host memory → GPU)
 STAGE_S = 1.0  # the simulated stage: longer than the window's slack, so a stage inside the window shows
 # The target is commits + 0.2 s. Measured here (2 cores shared by the API server, etcd, kwok, the operator
-# and all 64 simulated engines in one thread of this process), with a step's calls in one request (the pause
-# with its withdrawal, both commits, the guarded resume with its version stamp): 0.70-0.90 s over eleven runs,
-# median 0.73 s; the misses are a slow pause round (84-221 ms) on a busy box (bench/results/staged_update.md). A
-# timed bound tighter than this box allows would only be flaky; this one still fails if any stage (1 s) or file
-# read ran inside the window.
-WINDOW_SLACK_S = 0.8
+# and all 64 simulated engines in one thread of this process) since the simulator watches pods instead of listing
+# them every 0.2 s: 0.66-0.76 s over 24 runs, every one within the target (bench/results/staged_update.md).
+# Performance targets live in that report; this bound leaves a loaded CI box 0.3 s more, and still fails if any
+# stage (1 s) or file read ran inside the window, or if the pause round spread as it did before (up to 1.2 s).
+WINDOW_SLACK_S = 0.5
 
 
 def test_all_at_once_64_pods_are_out_of_service_for_about_one_commit(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import types
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -112,12 +111,12 @@ def test_the_pod_follower_reads_the_flag_from_the_pod_or_the_fleet() -> None:
     fleet = {"spec": {"weightTransfer": {"backend": "nccl", "nccl": {"port": 29600}}}}
     assert engine_spec_for(fleet).weight_transfer == {"backend": "nccl"}
     assert engine_spec_for({"spec": {}}).weight_transfer is None
-    container = types.SimpleNamespace(name="engine", args=["--weight-transfer-config", '{"backend":"ipc"}'])
-    pod = types.SimpleNamespace(spec=types.SimpleNamespace(containers=[container]))
+    container = {"name": "engine", "args": ["--weight-transfer-config", '{"backend":"ipc"}']}
+    pod = {"spec": {"containers": [{"name": "sidecar"}, container]}}
     # The pod's own arguments win: a pod created before the fleet changed keeps the flags it started with.
     assert engine_spec_for(fleet, engine_args(pod)).weight_transfer == {"backend": "ipc"}
     assert engine_spec_for(fleet, []).weight_transfer is None
-    assert engine_args(types.SimpleNamespace(spec=types.SimpleNamespace(containers=[]))) is None
+    assert engine_args({"spec": {"containers": []}}) is None
 
 
 # --- init ----------------------------------------------------------------------------------------------
