@@ -15,6 +15,7 @@ import kopf
 
 from rolloutfleet.adapters.kube import Kube, KubeError
 from rolloutfleet.api import common
+from rolloutfleet.handlers.diffbase import SpecDiffBaseStorage
 from rolloutfleet.metrics import Metrics
 from rolloutfleet.reconcile import fleet as fleet_reconcile
 from rolloutfleet.reconcile import push as push_marks
@@ -37,9 +38,7 @@ async def configure(
     """Kopf settings (our annotation prefix, watch timeouts, posting level) and the process collaborators."""
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = SpecDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330

@@ -98,17 +98,21 @@ def admit(
     to; they count against the budget, and their own PAUSE is admitted whatever the budget (moving a pod
     that serves nobody costs no availability, and leaving it behind would keep it out of service longer).
     """
+    # Most calls choose nothing (a step ended and its pod's next step is still running, or waits for the
+    # barrier's last pod): find that out over the pods with no step in flight only, before the whole-fleet
+    # counts below. At 1,024 pods this function was the operator's largest single cost (12 %, issue 18).
+    idle = decisions.keys() - inflight if inflight else decisions.keys()
+    if not any(decisions[name].step in ACTIONS for name in idle):
+        return {}
     not_ready = frozenset(unavailable)
     canaries = order[: plan.canary]
     canary_set, order_set = frozenset(canaries), frozenset(order)
     canaries_done = gate_open and all(decisions[p].step == Step.DONE for p in canaries if p in decisions)
     # One pass over the fleet for every count below: the pass calls this at each of its iterations.
-    busy = staging = candidates = 0
+    busy = staging = 0
     barrier_open, any_staging = True, False
     for name, d in decisions.items():
         step = d.step
-        if step in ACTIONS and name not in inflight:
-            candidates += 1
         if step in _UNAVAILABLE_STEPS or name in not_ready or (step == Step.PAUSE and name in inflight):
             busy += 1
         if step == Step.AWAIT_STAGE or (step == Step.STAGE and name in inflight):
@@ -122,8 +126,6 @@ def admit(
     staged_all = plan.rollout != RolloutType.ALL_AT_ONCE or not any_staging
     stage_limit = plan.max_concurrent_loads or len(order)
     chosen: dict[str, Decision] = {}
-    if not candidates:  # every step in flight (e.g. the loads of a whole fleet): nothing to choose from
-        return chosen
     for name in order:
         decision = decisions.get(name)
         if decision is None or decision.step not in ACTIONS or name in inflight:

@@ -125,7 +125,10 @@ class RolloutPass:
         self.restarted: set[str] = set()
         total = max(1, len(self.order) + len(pods.starting))
         self.plan = revisions.plan_budget(spec, sel.active, total)
-        self.loads = asyncio.Semaphore(self.plan.max_concurrent_loads or max(1, len(self.order)))
+        # None without maxConcurrentLoads: a semaphore as large as the fleet limits nothing, and each acquire
+        # still costs (1,024 loads at once: 2 % of the operator's CPU, issue 18).
+        limit = self.plan.max_concurrent_loads
+        self.loads = asyncio.Semaphore(limit) if limit else None
         self.key = self.rev.name if self.rev is not None else f"current-{self.goal.revision}"
         memory.retain(self.key, set(pods.bodies))
         self.states: dict[str, engine.EngineState] = {}
@@ -257,9 +260,10 @@ class RolloutPass:
             # Called done only once read from the engine itself (an acknowledgement is not enough).
             self.verified |= {p for p in read if self.decisions[p].step in (Step.RESUME, Step.DONE)}
             verified, inflight = self.verified, self.inflight
-            unverified = {
-                p for p, d in self.decisions.items() if d.step == Step.DONE and p not in verified and p not in inflight
-            }
+            # Over the pods neither verified nor in flight only (a set difference, in C): at 1,024 pods this ran
+            # over the whole fleet at each of ~500 iterations (issue 18).
+            decisions = self.decisions
+            unverified = {p for p in decisions.keys() - verified - inflight.keys() if decisions[p].step == Step.DONE}
             if unverified:
                 self.stale |= unverified
                 continue
@@ -310,7 +314,7 @@ class RolloutPass:
                 # Restarted pods come back on the initial weights, as new pods: the next pass lists them.
                 await self._write_status(force=True)
                 return PassOutcome(again=True, idle=False)
-            poll = staging.poll_seconds(self.decisions, self.states)
+            poll = staging.poll_seconds(self.decisions, self.states) if self.goal.stages else None
             if not self.inflight:
                 if poll is not None:
                     # Engines stage while they serve: read them again about when the soonest should be done.
@@ -630,7 +634,9 @@ class RolloutPass:
         return [p for p in self.order if p in failed] if failed else []
 
     async def _step(self, pod: str, decision: Decision) -> None:
-        limit = self.loads if decision.step in transaction.LOAD_STEPS else contextlib.nullcontext()
+        limit: asyncio.Semaphore | contextlib.nullcontext[None] = contextlib.nullcontext()
+        if self.loads is not None and decision.step in transaction.LOAD_STEPS:
+            limit = self.loads
         timeouts = self.spec.update_strategy.timeouts
         self.changed.add(pod)  # whatever happens, its next decision is derived again once it is done
         if decision.step == Step.PAUSE and pod not in self.routed_out:
