@@ -33,6 +33,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rollout_overhead import create_weights_volume  # bench/, the scripts' directory, is sys.path[0]
+
 GATE = "rolloutfleet.io/weights-ready"
 NAMESPACE = "gates"
 IN_FLIGHT = 16
@@ -87,25 +89,7 @@ def start(pods: int, tmp: pathlib.Path) -> tuple[Any, Any]:
     core.create_namespace({"metadata": {"name": NAMESPACE}})
     while not core.list_namespaced_service_account(NAMESPACE).items:
         time.sleep(0.2)
-    volume = {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": ""}
-    core.create_persistent_volume(
-        {
-            "metadata": {"name": "w"},
-            "spec": {**volume, "hostPath": {"path": "/synthetic"}, "claimRef": {"namespace": NAMESPACE, "name": "w"}},
-        }
-    )
-    core.create_namespaced_persistent_volume_claim(
-        NAMESPACE,
-        {
-            "metadata": {"name": "w"},
-            "spec": {
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "volumeName": "w",
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-    )
+    create_weights_volume(core, NAMESPACE, "/synthetic")
     spec = RolloutFleetSpec.model_validate(
         {  # the fleet of bench/rollout_overhead.py
             "replicas": pods,

@@ -57,6 +57,8 @@ import time
 import urllib.request
 from typing import Any
 
+from rollout_overhead import create_weights_volume  # bench/, the scripts' directory, is sys.path[0]
+
 # Per-step simulated latencies (seconds), keyed as the simulator's latency keys (rolloutfleet.sim.config:
 # the most specific key of a call wins; ``rolloutfleet_push_begin`` covers both targets). Calls not listed
 # (the operator's reads: /is_paused, /is_sleeping, /weight_info, rolloutfleet_state, /rolloutfleet/ready;
@@ -169,9 +171,10 @@ def follower_main(kubeconfig: str, admin_port: int) -> None:
     counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     original = server.SimulatedEngine.run_step
 
-    async def counted(self: Any, keys: list[str], args: dict[str, Any], action: Any, *, log: bool = True) -> Any:
+    async def counted(self: Any, keys: list[str], args: dict[str, Any], action: Any, **options: Any) -> Any:
+        # Options passed through as they are (``log``, and ``note`` since staging): the count is all this adds.
         counts[self.key][keys[1] if keys[0] == "collective_rpc" else keys[0]] += 1
-        return await original(self, keys, args, action, log=log)
+        return await original(self, keys, args, action, **options)
 
     server.SimulatedEngine.run_step = counted  # type: ignore[method-assign]
 
@@ -499,30 +502,7 @@ def run_one(
             core.create_namespace({"metadata": {"name": NAMESPACE}})
             while not core.list_namespaced_service_account(NAMESPACE).items:
                 time.sleep(0.2)
-            core.create_persistent_volume(
-                {
-                    "metadata": {"name": "w"},
-                    "spec": {
-                        "capacity": {"storage": "1Gi"},
-                        "accessModes": ["ReadOnlyMany"],
-                        "storageClassName": "",
-                        "hostPath": {"path": str(root)},
-                        "claimRef": {"namespace": NAMESPACE, "name": "w"},
-                    },
-                }
-            )
-            core.create_namespaced_persistent_volume_claim(
-                NAMESPACE,
-                {
-                    "metadata": {"name": "w"},
-                    "spec": {
-                        "accessModes": ["ReadOnlyMany"],
-                        "storageClassName": "",
-                        "volumeName": "w",
-                        "resources": {"requests": {"storage": "1Gi"}},
-                    },
-                },
-            )
+            create_weights_volume(core, NAMESPACE, str(root))
             metrics_port, admin_port = _free_port(), _free_port()
             env = dict(
                 os.environ,

@@ -383,6 +383,35 @@ def follower_main(kubeconfig: str, index: int, procs: int, latency_file: str) ->
 # -- /proc and /metrics ----------------------------------------------------------------------------------------
 
 
+def create_weights_volume(core: Any, namespace: str, host_path: str) -> None:
+    """The fleet's weights volume: a ReadOnlyMany PersistentVolume ``w`` on ``host_path`` bound to the claim
+    ``w`` in ``namespace`` (kwok never mounts it; the pods only need it to be bound). Shared by the benches."""
+    core.create_persistent_volume(
+        {
+            "metadata": {"name": "w"},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "hostPath": {"path": host_path},
+                "claimRef": {"namespace": namespace, "name": "w"},
+            },
+        }
+    )
+    core.create_namespaced_persistent_volume_claim(
+        namespace,
+        {
+            "metadata": {"name": "w"},
+            "spec": {
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "volumeName": "w",
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    )
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -651,30 +680,7 @@ def start_fleet(n: int, args: argparse.Namespace, tmp: pathlib.Path, stack: cont
     core.create_namespace({"metadata": {"name": NAMESPACE}})
     while not core.list_namespaced_service_account(NAMESPACE).items:
         time.sleep(0.2)
-    core.create_persistent_volume(
-        {
-            "metadata": {"name": "w"},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "hostPath": {"path": "/synthetic"},
-                "claimRef": {"namespace": NAMESPACE, "name": "w"},
-            },
-        }
-    )
-    core.create_namespaced_persistent_volume_claim(
-        NAMESPACE,
-        {
-            "metadata": {"name": "w"},
-            "spec": {
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "volumeName": "w",
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-    )
+    create_weights_volume(core, NAMESPACE, "/synthetic")
     # The control plane's processes, before ours exist (the followers' command lines name the kubeconfig).
     components = {}
     for pid in local.pids():
