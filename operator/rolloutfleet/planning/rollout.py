@@ -14,6 +14,7 @@ bytes do not verify, fails the revision with every pod still serving.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Collection
@@ -102,53 +103,68 @@ def admit(
     # barrier's last pod): find that out over the pods with no step in flight only, before the whole-fleet
     # counts below. At 1,024 pods this function was the operator's largest single cost (12 %, issue 18).
     idle = decisions.keys() - inflight if inflight else decisions.keys()
-    if not any(decisions[name].step in ACTIONS for name in idle):
+    waiting = {name for name in idle if decisions[name].step in ACTIONS}  # the only pods to choose from
+    if not waiting:
         return {}
     not_ready = frozenset(unavailable)
     canaries = order[: plan.canary]
     canary_set, order_set = frozenset(canaries), frozenset(order)
     canaries_done = gate_open and all(decisions[p].step == Step.DONE for p in canaries if p in decisions)
-    # One pass over the fleet for every count below: the pass calls this at each of its iterations.
-    busy = staging = 0
-    barrier_open, any_staging = True, False
-    for name, d in decisions.items():
-        step = d.step
-        if step in _UNAVAILABLE_STEPS or name in not_ready or (step == Step.PAUSE and name in inflight):
-            busy += 1
-        if step == Step.AWAIT_STAGE or (step == Step.STAGE and name in inflight):
-            staging += 1
-        if name in order_set:
-            any_staging = any_staging or step in STAGING_STEPS
-            if barrier_open and step not in (Step.DONE, Step.RESUME) and name not in canary_set:
-                barrier_open = False
+    # The counts below go over the whole fleet at each of the pass's iterations (Rolling at 1,024 pods: ~2,000
+    # calls, 17 % of the operator's CPU with one loop doing every test per pod): by step first, a C-level
+    # count, then per pod only where a pod's name matters.
+    by_step = collections.Counter(d.step for d in decisions.values())
+    busy = sum(by_step[s] for s in _UNAVAILABLE_STEPS if s in by_step)
+    busy += sum(1 for name in not_ready if name in decisions and decisions[name].step not in _UNAVAILABLE_STEPS)
+    staging = by_step[Step.AWAIT_STAGE]
+    if by_step[Step.PAUSE] or by_step[Step.STAGE]:
+        for name in inflight:
+            d = decisions.get(name)
+            if d is None:
+                continue
+            if d.step == Step.PAUSE and name not in not_ready:  # (a pod not ready is counted above)
+                busy += 1  # a pod pausing counts against the budget already
+            elif d.step == Step.STAGE:
+                staging += 1
     limit = plan.max_unavailable if plan.rollout == RolloutType.ROLLING else len(order)
-    # AllAtOnce: nobody pauses while any pod still stages (or failed to): the pause holds only commits.
-    staged_all = plan.rollout != RolloutType.ALL_AT_ONCE or not any_staging
     stage_limit = plan.max_concurrent_loads or len(order)
+    all_at_once = plan.rollout == RolloutType.ALL_AT_ONCE
+    staged_all = barrier_open = True  # what Rolling never holds back for
+    if all_at_once:
+        in_order = (
+            by_step
+            if decisions.keys() == order_set
+            else collections.Counter(d.step for name, d in decisions.items() if name in order_set)
+        )
+        # Nobody pauses while any pod still stages (or failed to): the pause holds only commits.
+        staged_all = not any(in_order[s] for s in STAGING_STEPS)
+        barrier_open = in_order[Step.DONE] + in_order[Step.RESUME] == in_order.total() or all(
+            decisions[name].step in (Step.DONE, Step.RESUME)
+            for name in order
+            if name in decisions and name not in canary_set
+        )
     chosen: dict[str, Decision] = {}
+    # Per pod below, only the pods waiting to start a step; identity tests (``is``), each a fraction of a
+    # StrEnum ``==`` (decisions hold ``Step`` members only).
     for name in order:
-        decision = decisions.get(name)
-        if decision is None or decision.step not in ACTIONS or name in inflight:
+        if name not in waiting:
             continue
-        is_canary = name in canary_set
-        if decision.step == Step.STAGE:
+        decision = decisions[name]
+        step = decision.step
+        if step is Step.PAUSE:
+            if not staged_all:
+                continue
+            if name not in not_ready:
+                if not canaries_done and name not in canary_set:
+                    continue
+                if busy >= limit:
+                    continue
+                busy += 1
+        elif step is Step.STAGE:
             if staging >= stage_limit:
                 continue
             staging += 1
-        elif decision.step == Step.PAUSE and not staged_all:
-            continue
-        elif decision.step == Step.PAUSE and name not in not_ready:
-            if not is_canary and not canaries_done:
-                continue
-            if busy >= limit:
-                continue
-            busy += 1
-        elif (
-            decision.step == Step.RESUME
-            and plan.rollout == RolloutType.ALL_AT_ONCE
-            and not is_canary
-            and not barrier_open
-        ):
+        elif step is Step.RESUME and not barrier_open and name not in canary_set:
             continue  # the barrier: nobody resumes on the new weights before everyone can
         chosen[name] = decision
     return chosen
