@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rollout_overhead import create_weights_volume  # bench/, the scripts' directory, is sys.path[0]
+from rollout_overhead import create_weights_volume, fleet_spec  # bench/, the scripts' directory, is sys.path[0]
 
 GATE = "rolloutfleet.io/weights-ready"
 NAMESPACE = "gates"
@@ -90,16 +90,7 @@ def start(pods: int, tmp: pathlib.Path) -> tuple[Any, Any]:
     while not core.list_namespaced_service_account(NAMESPACE).items:
         time.sleep(0.2)
     create_weights_volume(core, NAMESPACE, "/synthetic")
-    spec = RolloutFleetSpec.model_validate(
-        {  # the fleet of bench/rollout_overhead.py
-            "replicas": pods,
-            "image": "vllm-rolloutfleet:0.33.0",
-            "verifier": {"path": "/synthetic/policy/step-0/verifier"},
-            "draft": {"method": "draft_model", "path": "/synthetic/policy/step-0/draft"},
-            "weights": {"claimName": "w", "mountPath": "/synthetic", "allowedRoots": ["/synthetic/policy"]},
-            "updateStrategy": {"mode": "sleep", "rollout": "AllAtOnce"},
-        }
-    )
+    spec = RolloutFleetSpec.model_validate(fleet_spec(pods))
     statefulset = build_statefulset(Owner("policy", NAMESPACE, "00000000-0000-0000-0000-000000000001"), spec)
     statefulset["metadata"].pop("ownerReferences", None)  # no fleet object here: nothing would own it
     client.AppsV1Api(api).create_namespaced_stateful_set(NAMESPACE, statefulset)

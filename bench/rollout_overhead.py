@@ -383,35 +383,6 @@ def follower_main(kubeconfig: str, index: int, procs: int, latency_file: str) ->
 # -- /proc and /metrics ----------------------------------------------------------------------------------------
 
 
-def create_weights_volume(core: Any, namespace: str, host_path: str) -> None:
-    """The fleet's weights volume: a ReadOnlyMany PersistentVolume ``w`` on ``host_path`` bound to the claim
-    ``w`` in ``namespace`` (kwok never mounts it; the pods only need it to be bound). Shared by the benches."""
-    core.create_persistent_volume(
-        {
-            "metadata": {"name": "w"},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "hostPath": {"path": host_path},
-                "claimRef": {"namespace": namespace, "name": "w"},
-            },
-        }
-    )
-    core.create_namespaced_persistent_volume_claim(
-        namespace,
-        {
-            "metadata": {"name": "w"},
-            "spec": {
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "volumeName": "w",
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-    )
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -491,6 +462,47 @@ def _cluster_sizing(n: int, subnet_offset: int) -> tuple[int, int]:
 
 
 # -- one fleet size --------------------------------------------------------------------------------------------
+
+
+def create_weights_volume(core: Any, namespace: str, host_path: str) -> None:
+    """The fleet's weights volume: a ReadOnlyMany PersistentVolume ``w`` on ``host_path`` bound to the claim
+    ``w`` in ``namespace`` (kwok never mounts it; the pods only need it to be bound). Shared by the benches."""
+    core.create_persistent_volume(
+        {
+            "metadata": {"name": "w"},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "hostPath": {"path": host_path},
+                "claimRef": {"namespace": namespace, "name": "w"},
+            },
+        }
+    )
+    core.create_namespaced_persistent_volume_claim(
+        namespace,
+        {
+            "metadata": {"name": "w"},
+            "spec": {
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "volumeName": "w",
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    )
+
+
+def fleet_spec(n: int) -> dict[str, Any]:
+    """The bench's RolloutFleet spec for ``n`` pods (its StatefulSet's pods are what every bench here writes to)."""
+    return {
+        "replicas": n,
+        "image": "vllm-rolloutfleet:0.33.0",  # has the weight-version routes: update_weight_version is a step
+        "verifier": {"path": "/synthetic/policy/step-0/verifier"},
+        "draft": {"method": "draft_model", "path": "/synthetic/policy/step-0/draft"},
+        "weights": {"claimName": "w", "mountPath": "/synthetic", "allowedRoots": ["/synthetic/policy"]},
+        "updateStrategy": {"mode": "sleep", "rollout": "AllAtOnce", "timeouts": {"wakeSeconds": 60}},
+    }
 
 
 @dataclasses.dataclass
@@ -731,14 +743,7 @@ def start_fleet(n: int, args: argparse.Namespace, tmp: pathlib.Path, stack: cont
         )
         stack.callback(_stop, follower)
         followers.append(follower)
-    spec = {
-        "replicas": n,
-        "image": "vllm-rolloutfleet:0.33.0",  # has the weight-version routes: update_weight_version is a step
-        "verifier": {"path": "/synthetic/policy/step-0/verifier"},
-        "draft": {"method": "draft_model", "path": "/synthetic/policy/step-0/draft"},
-        "weights": {"claimName": "w", "mountPath": "/synthetic", "allowedRoots": ["/synthetic/policy"]},
-        "updateStrategy": {"mode": "sleep", "rollout": "AllAtOnce", "timeouts": {"wakeSeconds": 60}},
-    }
+    spec = fleet_spec(n)
     client.CustomObjectsApi(api).create_namespaced_custom_object(
         GROUP,
         VERSION,
