@@ -31,7 +31,7 @@ from rolloutfleet.api.fleet import RolloutFleetSpec, RolloutType
 from rolloutfleet.api.revision import ParityProbe, ParityProbeResult, Phase, PodFailure, PushGroupStatus
 from rolloutfleet.planning import failures, revision_status, revisions, rollout, transaction, verification
 from rolloutfleet.planning.transaction import Decision, Goal, Step
-from rolloutfleet.reconcile import executor, fanout, gates, preflight, probe, push, staging
+from rolloutfleet.reconcile import executor, fanout, gates, preflight, probe, push, staging, waits
 from rolloutfleet.reconcile import fleet as fleet_reconcile
 from rolloutfleet.reconcile import status_writes as writes
 from rolloutfleet.reconcile.context import FleetMemory, OperatorContext
@@ -341,8 +341,7 @@ class RolloutPass:
                 # that adds and removes a callback on every task in flight per call (1,024 pods: 3.7 % of the
                 # operator's CPU, issue 18). Only the pods reported are taken: a task seen done before its
                 # report arrived would wake the loop once more for nothing.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.step_done.wait(), poll)
+                await waits.event_set(self.step_done, poll)
             if not self.ended:
                 self._stage_due()
             ended, self.ended = self.ended, []
@@ -374,9 +373,7 @@ class RolloutPass:
         ):
             return None
         self._schedule_fleet_status()
-        try:
-            await asyncio.wait_for(self.memory.kick.wait(), MARKS_WAIT_SECONDS)
-        except TimeoutError:
+        if not await waits.event_set(self.memory.kick, MARKS_WAIT_SECONDS):
             return False
         return self.memory.marks_only
 
@@ -800,8 +797,7 @@ class RolloutPass:
         """Wait (bounded) until every pod of this pod's resume batch resumed or failed to."""
         batch = self._leave_batch(pod)
         if batch is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(batch.done.wait(), RESUME_BATCH_SECONDS)
+            await waits.event_set(batch.done, RESUME_BATCH_SECONDS)
 
     def _leave_batch(self, pod: str) -> _Batch | None:
         """The pod's resume is over (done or failed): the others of its batch no longer wait for it."""

@@ -1,0 +1,22 @@
+"""``event_set``: wait for an ``asyncio.Event`` with a deadline, without ever losing a cancellation.
+
+Called by ``reconcile.rollout_pass`` wherever a pass waits on an event with a timeout (a step's end, the
+trainer's marks, a resume batch). Not ``asyncio.wait_for``: on Python 3.11 it returns the awaited result when
+the event was set just before the caller was cancelled (up to two loop turns earlier), so the cancellation is
+lost. A fleet deleted while one pod's load was held and another pod's step had just ended then waited for the
+held load instead of returning (test_revision_loop's deletion test failed 4 runs in 30).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+async def event_set(event: asyncio.Event, within: float | None) -> bool:
+    """Whether ``event`` was set within ``within`` seconds (``None``: no limit); a cancellation propagates."""
+    try:
+        async with asyncio.timeout(within):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
