@@ -6,7 +6,11 @@ Imported by reconcile (fleet and revision) to record what happened. One registry
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
+
 import prometheus_client as prom
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
@@ -17,6 +21,8 @@ class Metrics:
     def __init__(self, registry: prom.CollectorRegistry | None = None) -> None:
         self.registry = registry or prom.CollectorRegistry()
         r = self.registry
+        # process_cpu_seconds_total, process_resident_memory_bytes, open fds: what the operator costs its node.
+        prom.ProcessCollector(registry=r)
         self.fleets = prom.Gauge("rolloutfleet_fleets", "RolloutFleets reconciled by this operator.", registry=r)
         self.replicas_desired = prom.Gauge(
             "rolloutfleet_fleet_replicas_desired", "spec.replicas of a fleet.", ["namespace", "fleet"], registry=r
@@ -101,6 +107,27 @@ class Metrics:
             registry=r,
         )
 
+    def watch_gc(self, seconds: Callable[[], Sequence[float]]) -> None:
+        """Export ``seconds()`` (the cycle collector's CPU seconds per generation, read at each scrape)."""
+        self.registry.register(_GCSeconds(seconds))
+
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - scraped from inside the cluster
         """Start the /metrics HTTP server (a daemon thread; prometheus_client's own)."""
         prom.start_http_server(port, addr=addr, registry=self.registry)
+
+
+class _GCSeconds(Collector):
+    """``rolloutfleet_gc_seconds_total``: read at scrape time, so the collector's callback takes no lock."""
+
+    def __init__(self, seconds: Callable[[], Sequence[float]]) -> None:
+        self._seconds = seconds
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "rolloutfleet_gc_seconds",
+            "CPU seconds of the operator process's cycle garbage collector, by generation.",
+            labels=["generation"],
+        )
+        for generation, value in enumerate(self._seconds()):
+            family.add_metric([str(generation)], value)
+        yield family

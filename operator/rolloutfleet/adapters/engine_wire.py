@@ -25,6 +25,7 @@ reads as "not known" or "none", never as a protocol error.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import urllib.parse
 from collections.abc import Callable
@@ -551,6 +552,13 @@ def _pick(obj: Any, *names: str) -> Any:
 # --- POST /rolloutfleet/sequence (rolloutfleet_worker.sequence) ---------------------------------------
 
 
+@functools.lru_cache(maxsize=256)
+def _query_string(query: tuple[tuple[str, str], ...]) -> str:
+    # Cached: every pod's sequence carries the same few queries, and urlencode (pure Python) was 1.6 % of the
+    # operator's CPU at 1,024 pods (issue 18).
+    return urllib.parse.urlencode(query)
+
+
 @dataclasses.dataclass(frozen=True)
 class Call:
     """One call of a sequence: a control route with its query and JSON body; ``step`` names it in errors."""
@@ -565,7 +573,7 @@ class Call:
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.method, "path": self.path}
         if self.query:
-            out["query"] = urllib.parse.urlencode(self.query)
+            out["query"] = _query_string(self.query)
         if self.json is not None:
             out["json"] = self.json
         if self.expect is not None:

@@ -36,13 +36,18 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from rolloutfleet.adapters.kube import credentials_problem
-    from rolloutfleet.handlers import wiring  # imported for its decorators, too
+    from rolloutfleet.handlers import gc_tuning, wiring  # wiring: imported for its decorators, too
 
     problem = credentials_problem()
     if problem is not None:
         # kopf would log a login failure and retry its startup every minute, forever: a pod would never
         # crash-loop and a container run by hand would never exit. One line and a non-zero exit instead.
         print(f"rolloutfleet run: {problem}", file=sys.stderr)
+        return 2
+    try:
+        gc_threshold = gc_tuning.threshold_from(os.environ)
+    except ValueError as exc:
+        print(f"rolloutfleet run: {exc}", file=sys.stderr)
         return 2
     _raise_open_files_limit()
     os.environ[wiring.METRICS_PORT_ENV] = str(args.metrics_port)
@@ -54,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         [] if args.all_namespaces else (args.namespace or [os.environ.get("ROLLOUTFLEET_WATCH_NAMESPACE", "default")])
     )
     priority = args.priority if args.priority is not None else _priority(os.environ.get("POD_ID", ""))
+    gc_tuning.apply(gc_threshold)  # last before the loop: everything loaded so far is frozen
     asyncio.run(
         kopf.operator(
             priority=priority,

@@ -15,6 +15,7 @@ import kopf
 
 from rolloutfleet.adapters.kube import Kube, KubeError
 from rolloutfleet.api import common
+from rolloutfleet.handlers import gc_tuning
 from rolloutfleet.handlers.diffbase import SpecDiffBaseStorage
 from rolloutfleet.metrics import Metrics
 from rolloutfleet.reconcile import fleet as fleet_reconcile
@@ -53,6 +54,10 @@ async def configure(
     # namespaced install runs on Roles alone. Cluster-wide it keeps following CRDs as they change.
     settings.scanning.disabled = os.environ.get(CLUSTER_WIDE_ENV) != "1"
     metrics = Metrics()
+    gc_clock = gc_tuning.CollectorClock()
+    gc_clock.install()
+    memo.gc_clock = gc_clock
+    metrics.watch_gc(lambda: tuple(gc_clock.seconds))
     port = int(os.environ.get(METRICS_PORT_ENV, "0") or 0)
     if port:
         metrics.serve(port)
@@ -69,6 +74,9 @@ async def configure(
 @kopf.on.cleanup()
 async def shutdown(memo: kopf.Memo, **_: Any) -> None:
     """Release the Kubernetes client's threads."""
+    gc_clock: gc_tuning.CollectorClock | None = getattr(memo, "gc_clock", None)
+    if gc_clock is not None:
+        gc_clock.remove()
     ctx: OperatorContext | None = getattr(memo, "ctx", None)
     if ctx is not None:
         await ctx.kube.aclose()

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -111,6 +112,7 @@ class RolloutPass:
         self.pods, self.clients, self.interrupted = pods, clients, interrupted
         self.order = pods.order
         self.rank = {pod: i for i, pod in enumerate(self.order)}  # a pod's place in ``order``
+        self._undone_hint: str | None = None  # a pod of ``order`` last found not done (``_all_done``)
         assert sel.goal is not None
         self.rev = sel.active
         self.goal: Goal = push.goal_with_marks(sel.goal, spec, self.rev, rolling_back=sel.rolling_back)
@@ -141,8 +143,7 @@ class RolloutPass:
         self.resume_batch: dict[str, _Batch] = {}  # AllAtOnce: pods routed back in once their batch resumed
         self.paused_since: float | None = None  # AllAtOnce: when the fleet paused together (until it resumed)
         self.decided_goal: Goal | None = None  # the goal (with reference digests) decisions were made for
-        self.reference: tuple[Goal, Goal] | None = None  # (goal, the goal with the pods' reference digests)
-        self.digests_moved = True  # some pod's votes changed since the reference digests were counted
+        self.tally: verification.DigestTally | None = None  # the pods' votes for the goal's reference digests
         self.verified: set[str] = set()  # pods read from the engine when they were ready to resume or done
         self.decisions: dict[str, Decision] = {}
         self.messages: dict[str, str] = {}
@@ -430,11 +431,11 @@ class RolloutPass:
         self.changed.update(read)
         now = time.monotonic()
         self._mark_group(now)
-        if self.digests_moved or self.reference is None or self.reference[0] is not self.goal:
-            # The majority digests move only when some pod's votes did (``verification.votes``).
-            self.reference = (self.goal, verification.with_reference_digests(self.goal, list(self.states.values())))
-            self.digests_moved = False
-        goal = self.reference[1]
+        if self.tally is None or self.tally.goal is not self.goal:  # counted over the fleet once per goal
+            self.tally = verification.DigestTally(self.goal)
+            for other, held in self.states.items():
+                self.tally.update(other, held)
+        goal = self.tally.goal_with_references()
         # Decide again only where something changed (a read, a finished step), unless the reference
         # digests moved: then every settled pod's verdict may have.
         again = self.order if goal != self.decided_goal else [p for p in self.changed if p in self.rank]
@@ -469,11 +470,9 @@ class RolloutPass:
         return True
 
     def _set_state(self, pod: str, state: engine.EngineState) -> None:
-        """What the engine holds now (read, or acknowledged); notes when its votes for the reference digests
-        changed (``verification``): only then are they counted again over the whole fleet."""
-        old = self.states.get(pod)
-        if old is None or verification.votes(old) != verification.votes(state):
-            self.digests_moved = True
+        """What the engine holds now (read, or acknowledged); its votes for the reference digests with it."""
+        if self.tally is not None and self.tally.goal is self.goal:
+            self.tally.update(pod, state)
         self.states[pod] = state
 
     def _record_staging(self, pod: str) -> None:
@@ -601,15 +600,29 @@ class RolloutPass:
         self.memory.steps = {p: d.step.value for p, d in self.decisions.items()}
 
     def _step_ended(self, pod: str, _task: asyncio.Task[None]) -> None:
+        # Whatever happened, its next decision is derived again. Added here, not when the step starts: a pod
+        # in flight in ``changed`` was walked past by every ``_observe`` until its step ended (2 % of the CPU,
+        # 1,024 pods, issue 18).
+        self.changed.add(pod)
         self.ended.append(pod)
         self.step_done.set()
 
     def _all_done(self) -> bool:
-        return (
-            not self.pods.starting
-            and len(self.order) >= self.spec.replicas
-            and all(self.decisions.get(p, UNDECIDED).step == Step.DONE for p in self.order)
+        if self.pods.starting or len(self.order) < self.spec.replicas:
+            return False
+        # Asked at every iteration; the pod found not done last time usually still is, so it is tried before the
+        # fleet is walked again (the walk was 1.9 % of the CPU at 1,024 pods, issue 18). Only a walk says True.
+        hint = self._undone_hint
+        if hint is not None and self.decisions.get(hint, UNDECIDED).step != Step.DONE:
+            return False
+        # From the hint on, then from the start: pods end in roughly the fleet's order, so the walk is short.
+        start = self.rank[hint] if hint is not None else 0
+        decisions, order = self.decisions, self.order
+        self._undone_hint = next(
+            (p for p in itertools.chain(order[start:], order[:start]) if decisions.get(p, UNDECIDED).step != Step.DONE),
+            None,
         )
+        return self._undone_hint is None
 
     def _complete(self) -> bool:
         """Every pod done and admitted (``None``: an engine image without admission, routed by its gate)."""
@@ -635,7 +648,6 @@ class RolloutPass:
         if self.loads is not None and decision.step in transaction.LOAD_STEPS:
             limit = self.loads
         timeouts = self.spec.update_strategy.timeouts
-        self.changed.add(pod)  # whatever happens, its next decision is derived again once it is done
         if decision.step == Step.PAUSE and pod not in self.routed_out:
             # Out of the Service first: new requests go to pods that keep serving while this one moves.
             await self._route(pod, False, "Updating", f"moving to revision {self.goal.revision}", pausing=True)
