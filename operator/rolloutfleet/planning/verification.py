@@ -1,8 +1,9 @@
 """Cross-pod digest consistency: when a revision carries no expected digest, the pods must agree.
 
-Called by ``reconcile.revision`` every round, before ``transaction.next_step``. The publisher normally
-pins digests (``rolloutfleet publish`` computes them); without them, the only evidence of a bad load
-is disagreement. A strict majority of the pods that loaded a target at the goal's revision sets the
+Kept by ``reconcile.rollout_pass`` as a ``DigestTally`` (updated at each engine state change) and read
+before ``transaction.next_step``; ``with_reference_digests`` counts a list of states at once. The
+publisher normally pins digests (``rolloutfleet publish`` computes them); without them, the only evidence
+of a bad load is disagreement. A strict majority of the pods that loaded a target at the goal's revision sets the
 reference, and the others fail verification (and are reloaded); without a strict majority nobody is
 trusted, so every loaded pod fails verification until they agree or the revision rolls back.
 
