@@ -24,6 +24,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
+from rolloutfleet.reconcile import waits
 from rolloutfleet.sim.config import EngineSpec, Latencies, WeightsConfig, weight_transfer_from_args
 from rolloutfleet.sim.fleet import SimulatedFleet
 
@@ -278,8 +279,8 @@ class PodFollower:
                     await self.sync(dict(watch.pods))
                 except (client.ApiException, OSError) as exc:
                     log.warning("pod follower: %s", exc)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(watch.changed.wait(), self.interval)
+                # Not asyncio.wait_for: it can swallow the cancellation that stops the follower (reconcile.waits).
+                await waits.event_set(watch.changed, self.interval)
         finally:
             watch.stop()
             if self.sim is not None:
