@@ -435,7 +435,8 @@ def _metrics(port: int) -> list[tuple[str, dict[str, str], float]]:
 
 
 def _request_counts(port: int) -> dict[str, dict[str, float]]:
-    """The operator's engine requests by route and its Kubernetes API requests by verb, so far."""
+    """The operator's engine requests by route, its Kubernetes API requests by verb and its cycle collector's
+    seconds by generation, so far."""
     engine: dict[str, float] = collections.defaultdict(float)
     kube: dict[str, float] = collections.defaultdict(float)
     gc_seconds: dict[str, float] = {}

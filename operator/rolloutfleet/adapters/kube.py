@@ -201,7 +201,8 @@ class Kube:
         self, api_version: str, kind: str, namespace: str | None, name: str | None = None, sub: str | None = None
     ) -> str:
         """The URL path of an object (or a collection, without ``name``), from discovery made once per kind."""
-        cached = self._paths.get((api_version, kind, namespace, name, sub))
+        path_key = (api_version, kind, namespace, name, sub)
+        cached = self._paths.get(path_key)
         if cached is not None:
             return cached
         key = (api_version, kind, sub)
@@ -216,7 +217,7 @@ class Kube:
         path = str(res.path(name=name, namespace=namespace))
         if len(self._paths) >= PATHS_KEPT:
             self._paths.clear()
-        self._paths[(api_version, kind, namespace, name, sub)] = path
+        self._paths[path_key] = path
         return path
 
     async def _send(

@@ -3,9 +3,9 @@
 Kept by ``reconcile.rollout_pass`` as a ``DigestTally`` (updated at each engine state change) and read
 before ``transaction.next_step``; ``with_reference_digests`` counts a list of states at once. The
 publisher normally pins digests (``rolloutfleet publish`` computes them); without them, the only evidence
-of a bad load is disagreement. A strict majority of the pods that loaded a target at the goal's revision sets the
-reference, and the others fail verification (and are reloaded); without a strict majority nobody is
-trusted, so every loaded pod fails verification until they agree or the revision rolls back.
+of a bad load is disagreement. A strict majority of the pods that loaded a target at the goal's revision
+sets the reference, and the others fail verification (and are reloaded); without a strict majority nobody
+is trusted, so every loaded pod fails verification until they agree or the revision rolls back.
 
 Staged bytes (docs/staging.md) are evidence too: a pod that staged the goal's revision and has not loaded it
 yet votes with its staged digest, so a pod whose staging read something else is caught before it pauses.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from rolloutfleet.api.engine import EngineState, StagedTarget, StagePhase, Target
 from rolloutfleet.planning.transaction import Goal
@@ -35,7 +35,7 @@ Ballot = tuple[str | None, str | None, str | None]  # one pod's votes: verifier,
 NO_BALLOT: Ballot = (None, None, None)
 
 
-def ballot(goal: Goal, state: EngineState) -> Ballot:
+def _ballot(goal: Goal, state: EngineState) -> Ballot:
     """What one engine votes for each reference the goal leaves open (None: no vote).
 
     A pod that loaded a target at the goal's revision votes with the digest it loaded; a pod that staged it
@@ -83,7 +83,8 @@ class DigestTally:
     states.
     """
 
-    def __init__(self, goal: Goal) -> None:
+    def __init__(self, goal: Goal, states: Mapping[str, EngineState] | None = None) -> None:
+        """The tally of ``states`` (by pod) for ``goal``."""
         self.goal = goal
         self._ballots: dict[str, Ballot] = {}
         self._counts: tuple[collections.Counter[str], ...] = (
@@ -92,10 +93,12 @@ class DigestTally:
             collections.Counter(),
         )
         self._cached: Goal | None = None
+        for pod, state in (states or {}).items():
+            self.update(pod, state)
 
     def update(self, pod: str, state: EngineState | None) -> None:
         """``pod``'s engine holds ``state`` now (None: the pod is gone)."""
-        new = NO_BALLOT if state is None else ballot(self.goal, state)
+        new = NO_BALLOT if state is None else _ballot(self.goal, state)
         old = self._ballots.get(pod, NO_BALLOT)
         if new == old:
             return
@@ -133,10 +136,7 @@ class DigestTally:
 
 def with_reference_digests(goal: Goal, states: Iterable[EngineState]) -> Goal:
     """The goal with expected digests filled from a strict majority where the revision gives none."""
-    tally = DigestTally(goal)
-    for i, state in enumerate(states):
-        tally.update(str(i), state)
-    return tally.goal_with_references()
+    return DigestTally(goal, {str(i): state for i, state in enumerate(states)}).goal_with_references()
 
 
 def probe_verdict(expected: list[float], observed: list[float], tolerance: float) -> tuple[float, str | None]:

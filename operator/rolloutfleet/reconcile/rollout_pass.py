@@ -432,9 +432,7 @@ class RolloutPass:
         now = time.monotonic()
         self._mark_group(now)
         if self.tally is None or self.tally.goal is not self.goal:  # counted over the fleet once per goal
-            self.tally = verification.DigestTally(self.goal)
-            for other, held in self.states.items():
-                self.tally.update(other, held)
+            self.tally = verification.DigestTally(self.goal, self.states)
         goal = self.tally.goal_with_references()
         # Decide again only where something changed (a read, a finished step), unless the reference
         # digests moved: then every settled pod's verdict may have.
