@@ -40,9 +40,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
-import aiohttp
 import msgspec
 
+from rolloutfleet.adapters import engine_http
 from rolloutfleet.adapters import engine_wire as wire
 from rolloutfleet.adapters.engine_policy import (
     RPC_TIMEOUT_MARGIN_SECONDS,
@@ -91,13 +91,13 @@ class LatencyHook(Protocol):
 
 
 class EngineClient:
-    """One engine at ``base_url`` (``http://10.1.2.3:8000``), sharing the pool's ``aiohttp`` session."""
+    """One engine at ``base_url`` (``http://10.1.2.3:8000``), over the pool's connections (``engine_http``)."""
 
     def __init__(
         self,
         base_url: str,
         *,
-        session: aiohttp.ClientSession,
+        http: engine_http.EngineHTTP,
         token: str | None = None,
         timeouts: EngineTimeouts | None = None,
         retry: RetryPolicy | None = None,
@@ -119,7 +119,8 @@ class EngineClient:
         self._no_sequence = no_sequence if no_sequence is not None else {}
         # Shared by the pool's clients (each reconcile pass makes new ones): loads of unknown outcome.
         self._loads = loads if loads is not None else LoadLedger()
-        self._session = session
+        self._http = http
+        self._origin = http.origin(self.base_url)
         self._credentials = credentials if credentials is not None else Credentials(token)
         self.timeouts = timeouts or EngineTimeouts()
         self.retry = retry or RetryPolicy()
@@ -915,32 +916,33 @@ class EngineClient:
             data = msgspec.json.encode(json_body)
             headers["Content-Type"] = "application/json"
         url = self.base_url + path
+        target = path + "?" + wire.query_string(tuple(params)) if params else path
         outcome = "ok"
         started = time.perf_counter()
         try:
-            async with self._session.request(
+            resp = await self._http.request(
                 method,
-                url,
-                params=list(params) if params else None,
-                data=data,
+                self._origin,
+                target,
                 headers=headers,
-                timeout=aiohttp.ClientTimeout(total=budget, sock_connect=min(budget, self.timeouts.connect)),
-            ) as resp:
-                text = await resp.text()
-                body = _decode(text, resp.content_type)
-                if not 200 <= resp.status < 300:
-                    outcome = "http_error"
-                    raise EngineHTTPError(resp.status, body, url=self.base_url, step=step)
-                return body
-        except TimeoutError as exc:  # before ClientConnectionError: ServerTimeoutError is both
+                body=data,
+                total=budget,
+                connect=min(budget, self.timeouts.connect),
+            )
+            body = _decode(resp.text(), resp.content_type)
+            if not 200 <= resp.status < 300:
+                outcome = "http_error"
+                raise EngineHTTPError(resp.status, body, url=self.base_url, step=step)
+            return body
+        except TimeoutError as exc:
             outcome = "timeout"
             raise EngineTimeout(f"{step} timed out after {total:g}s", url=url, step=step) from exc
-        except aiohttp.ClientConnectorError as exc:  # no connection: the engine cannot have received it
+        except engine_http.NotSent as exc:  # no connection: the engine cannot have received it
             outcome = "unreachable"
-            raise EngineUnreachable(f"{step}: {type(exc).__name__}: {exc}", url=url, step=step, sent=False) from exc
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            raise EngineUnreachable(f"{step}: {exc}", url=url, step=step, sent=False) from exc
+        except engine_http.Lost as exc:
             outcome = "unreachable"
-            raise EngineUnreachable(f"{step}: {type(exc).__name__}: {exc}", url=url, step=step) from exc
+            raise EngineUnreachable(f"{step}: {exc}", url=url, step=step) from exc
         finally:
             if self._on_latency is not None:
                 self._on_latency(step, time.perf_counter() - started, outcome)
@@ -983,7 +985,7 @@ VERSION_ROUTES_RECHECK_SECONDS = 300.0  # how long a 404 on /weight_info is beli
 
 
 class EnginePool:
-    """Clients for many engines over one ``aiohttp.ClientSession`` (one TCP connector, bounded).
+    """Clients for many engines over one ``engine_http.EngineHTTP`` (kept-alive connections, bounded).
 
     ``limit`` bounds open connections across all engines (1,000 pods x 1 connection each is fine on
     Linux; the default leaves headroom for the operator's other sockets); ``limit_per_host`` keeps one
@@ -1010,7 +1012,7 @@ class EnginePool:
         self.retry = retry or RetryPolicy()
         self.reset = reset or ResetPolicy()
         self._on_latency = on_latency
-        self._session: aiohttp.ClientSession | None = None
+        self._http: engine_http.EngineHTTP | None = None
         self._rng = random.Random()  # noqa: S311 - jitter only
         self._unversioned: dict[str, float] = {}
         self._apart: dict[str, float] = {}
@@ -1028,22 +1030,21 @@ class EnginePool:
         await self.close()
 
     async def start(self) -> None:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self._limit, limit_per_host=self._limit_per_host)
-            # No proxies from the environment: engines are dialled directly on their pod IPs.
-            self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
+        if self._http is None:
+            # No proxies: engines are dialled directly on their pod IPs.
+            self._http = engine_http.EngineHTTP(limit=self._limit, limit_per_host=self._limit_per_host)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
 
     def client(self, base_url: str) -> EngineClient:
-        if self._session is None:
+        if self._http is None:
             raise RuntimeError("EnginePool is not started: use `async with EnginePool(...)`")
         return EngineClient(
             base_url,
-            session=self._session,
+            http=self._http,
             timeouts=self.timeouts,
             retry=self.retry,
             reset=self.reset,
@@ -1135,7 +1136,11 @@ def _decode(text: str, content_type: str) -> Any:
         return None
     if content_type == "application/json" or text[:1] in "{[":
         try:
-            return json.loads(text)
+            return msgspec.json.decode(text)  # the json module's answer, several times faster (issue 18)
+        except msgspec.DecodeError:
+            pass
+        try:
+            return json.loads(text)  # what msgspec refuses and Python writes: NaN, Infinity
         except ValueError:
             return text
     return text

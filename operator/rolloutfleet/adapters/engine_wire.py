@@ -553,7 +553,7 @@ def _pick(obj: Any, *names: str) -> Any:
 
 
 @functools.lru_cache(maxsize=256)
-def _query_string(query: tuple[tuple[str, str], ...]) -> str:
+def query_string(query: tuple[tuple[str, str], ...]) -> str:
     # Cached: every pod's sequence carries the same few queries, and urlencode (pure Python) was 1.6 % of the
     # operator's CPU at 1,024 pods (issue 18).
     return urllib.parse.urlencode(query)
@@ -573,7 +573,7 @@ class Call:
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.method, "path": self.path}
         if self.query:
-            out["query"] = _query_string(self.query)
+            out["query"] = query_string(self.query)
         if self.json is not None:
             out["json"] = self.json
         if self.expect is not None:
