@@ -354,11 +354,23 @@ class BenchFollower(PodFollower):
         updated = sum(1 for key, engine in self._applied.items() if engines.get(key) is engine)
         ack = (self._serial, updated, len(engines))
         if ack != self._acked and self.latency_file is not None:
-            path = self.latency_file.with_name(f"{self.latency_file.name}.ack.{self.index}")
-            tmp = path.with_suffix(".tmp")
+            path = ack_path(self.latency_file, self.index)
+            tmp = _temporary(path)
             tmp.write_text(json.dumps({"serial": ack[0], "updated": ack[1], "engines": ack[2]}))
             tmp.replace(path)
             self._acked = ack
+
+
+def ack_path(latency_file: pathlib.Path, index: int) -> pathlib.Path:
+    """Where follower ``index`` acknowledges the latencies it applied."""
+    return latency_file.with_name(f"{latency_file.name}.ack.{index}")
+
+
+def _temporary(path: pathlib.Path) -> pathlib.Path:
+    # The name plus a suffix, not ``with_suffix``: that replaced ``.ack.<index>``'s ``.<index>``, so every
+    # follower wrote the same temporary file and one follower's ``replace`` could find it gone (its watch
+    # task then died: "followers applied latencies to 768/1024 engines", four followers at 1,024 pods).
+    return path.with_name(path.name + ".tmp")
 
 
 def follower_main(kubeconfig: str, index: int, procs: int, latency_file: str) -> None:
@@ -591,7 +603,7 @@ class Fleet:
         tmp = self.latency_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"serial": self.serial, "latencies": by_ip}))
         tmp.replace(self.latency_file)
-        acks = [self.latency_file.with_name(f"{self.latency_file.name}.ack.{i}") for i in range(len(self.followers))]
+        acks = [ack_path(self.latency_file, i) for i in range(len(self.followers))]
         started = time.monotonic()
         updated = 0
         while time.monotonic() - started < timeout:
