@@ -41,3 +41,17 @@ def test_a_damaged_timings_file_is_ignored_and_replaced(cache: pathlib.Path) -> 
     kwok = binaries.TOOLS["kwok"]
     binaries.record_seconds(kwok, 10.0)
     assert binaries._expected_seconds(kwok) == (10.0, "its last build here")
+
+
+def test_a_complete_cache_needs_no_go(cache: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine given the cache (the device bench: no Go there) runs the control plane; one missing a
+    binary is told which one Go would have to build."""
+    monkeypatch.setenv("PATH", str(cache / "no-go-here"))
+    kwok = binaries.TOOLS["kwok"]
+    binaries.binary_path("kwok").parent.mkdir(parents=True)
+    binaries.binary_path("kwok").write_bytes(b"")
+    with pytest.raises(binaries.BuildError, match="needed to build kwok"):
+        binaries.ensure(["kwok"])
+    for asset, _ in kwok.assets:
+        binaries.asset_path("kwok", asset).write_text("")
+    assert binaries.ensure(["kwok"]) == {"kwok": binaries.binary_path("kwok")}
