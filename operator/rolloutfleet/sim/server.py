@@ -85,6 +85,7 @@ OPEN_EXACT = frozenset(
 TARGETED_RPCS = ("rolloutfleet_load", "rolloutfleet_preflight", "rolloutfleet_push_begin")  # fault key: METHOD:target
 MAX_ADMIT_BODY_BYTES = 4096  # rolloutfleet_worker.admission.MAX_BODY_BYTES
 OPEN_PREFIXES = ("/v1/", "/metrics/")
+VLLM_KEEP_ALIVE_S = 5.0  # vllm.envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE default: uvicorn's timeout_keep_alive in vLLM's server
 
 
 def is_open(path: str) -> bool:
@@ -172,8 +173,15 @@ class SimulatedEngine:
         app = web.Application(middlewares=[self._auth])
         self._routes(app)
         # handler_cancellation: a client that gives up on a hung request frees the handler, as uvicorn does.
+        # keepalive_timeout: vLLM's server closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE seconds
+        # (5 by default; aiohttp's own default is an hour), so clients here reconnect where they would there.
         runner = web.AppRunner(
-            app, handle_signals=False, access_log=None, shutdown_timeout=0.05, handler_cancellation=True
+            app,
+            handle_signals=False,
+            access_log=None,
+            shutdown_timeout=0.05,
+            handler_cancellation=True,
+            keepalive_timeout=VLLM_KEEP_ALIVE_S,
         )
         await runner.setup()
         site = web.TCPSite(runner, self.ip, self.port, reuse_address=True, backlog=512)
