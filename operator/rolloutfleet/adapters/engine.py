@@ -42,8 +42,8 @@ from typing import Any, Protocol, TypeVar, cast
 
 import msgspec
 
-from rolloutfleet.adapters import engine_http
 from rolloutfleet.adapters import engine_wire as wire
+from rolloutfleet.adapters import http11
 from rolloutfleet.adapters.engine_policy import (
     RPC_TIMEOUT_MARGIN_SECONDS,
     EngineTimeouts,
@@ -91,13 +91,13 @@ class LatencyHook(Protocol):
 
 
 class EngineClient:
-    """One engine at ``base_url`` (``http://10.1.2.3:8000``), over the pool's connections (``engine_http``)."""
+    """One engine at ``base_url`` (``http://10.1.2.3:8000``), over the pool's connections (``http11``)."""
 
     def __init__(
         self,
         base_url: str,
         *,
-        http: engine_http.EngineHTTP,
+        http: http11.HTTP11,
         token: str | None = None,
         timeouts: EngineTimeouts | None = None,
         retry: RetryPolicy | None = None,
@@ -937,10 +937,10 @@ class EngineClient:
         except TimeoutError as exc:
             outcome = "timeout"
             raise EngineTimeout(f"{step} timed out after {total:g}s", url=url, step=step) from exc
-        except engine_http.NotSent as exc:  # no connection: the engine cannot have received it
+        except http11.NotSent as exc:  # no connection: the engine cannot have received it
             outcome = "unreachable"
             raise EngineUnreachable(f"{step}: {exc}", url=url, step=step, sent=False) from exc
-        except engine_http.Lost as exc:
+        except http11.Lost as exc:
             outcome = "unreachable"
             raise EngineUnreachable(f"{step}: {exc}", url=url, step=step) from exc
         finally:
@@ -985,7 +985,7 @@ VERSION_ROUTES_RECHECK_SECONDS = 300.0  # how long a 404 on /weight_info is beli
 
 
 class EnginePool:
-    """Clients for many engines over one ``engine_http.EngineHTTP`` (kept-alive connections, bounded).
+    """Clients for many engines over one ``http11.HTTP11`` (kept-alive connections, bounded).
 
     ``limit`` bounds open connections across all engines (1,000 pods x 1 connection each is fine on
     Linux; the default leaves headroom for the operator's other sockets); ``limit_per_host`` keeps one
@@ -1012,7 +1012,7 @@ class EnginePool:
         self.retry = retry or RetryPolicy()
         self.reset = reset or ResetPolicy()
         self._on_latency = on_latency
-        self._http: engine_http.EngineHTTP | None = None
+        self._http: http11.HTTP11 | None = None
         self._rng = random.Random()  # noqa: S311 - jitter only
         self._unversioned: dict[str, float] = {}
         self._apart: dict[str, float] = {}
@@ -1032,7 +1032,7 @@ class EnginePool:
     async def start(self) -> None:
         if self._http is None:
             # No proxies: engines are dialled directly on their pod IPs.
-            self._http = engine_http.EngineHTTP(limit=self._limit, limit_per_host=self._limit_per_host)
+            self._http = http11.HTTP11(limit=self._limit, limit_per_host=self._limit_per_host)
 
     async def close(self) -> None:
         if self._http is not None:

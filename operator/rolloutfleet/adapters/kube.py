@@ -1,7 +1,7 @@
 """The operator's Kubernetes I/O: server-side apply, reads, status patches, Secrets, Events.
 
 Called by ``rolloutfleet.reconcile`` only. Reads and patches (every pass's lists, every pod's readiness
-gate) run on the event loop over one ``aiohttp`` session (``adapters.kube_http``); the rest uses the
+gate) run on the event loop over kept-alive connections (``adapters.kube_http``); the rest uses the
 official ``kubernetes`` client, which is synchronous, so those calls run on a bounded thread pool owned by
 this adapter and are awaited; the kopf event loop never blocks.
 Every request has a timeout (``request_timeout``, ``list_timeout`` for lists, discovery included), so a

@@ -1,23 +1,26 @@
-"""Plain HTTP/1.1 to the engines over kept-alive connections: the transport of every engine control call.
+"""HTTP/1.1 over kept-alive connections: the transport of every engine call and of the Kubernetes API's hot verbs.
 
-Called by ``adapters.engine`` (``EnginePool`` owns one ``EngineHTTP``; ``EngineClient._sent`` sends through it).
-It owns the TCP connections to the engines: at most ``limit_per_host`` per engine and ``limit`` in all, kept
-open between calls and dropped after ``idle_s`` unused.
+Called by ``adapters.engine`` (``EnginePool`` owns one ``HTTP11``; ``EngineClient._sent`` sends through it) and
+``adapters.kube_http`` (``KubeHTTP.request``: gets, lists and patches, over TLS). It owns the connections: at
+most ``limit_per_host`` per server and ``limit`` in all, kept open between calls and dropped after ``idle_s``
+unused.
 
-Why not aiohttp (which the operator used before, and still uses for the Kubernetes API): a control call is a
-small JSON request answered by a small JSON body, and aiohttp's general client spent ~350 µs of the
-operator's CPU on each against ~135 µs for this module on the same loopback server (issue 18; an engine call
-is 5 per pod per revision, the largest share of the operator's CPU at 1,024 pods). What this module does
-not do, because the engines' control routes never need it: TLS (engines are dialled on their pod IPs in plain
-HTTP, as before), proxies, redirects, cookies, compression (nothing asks for it, so servers answer identity).
+Why not aiohttp (which the operator used before, and still uses for watches and proxied API servers): a call
+here is a small JSON request answered by a JSON body, and aiohttp's general client spent ~350 µs of the
+operator's CPU on each against ~135 µs for this module on the same loopback server (issue 18: an engine call
+is 5 per pod per revision, a readiness-gate patch 2, together the largest share of the operator's CPU at
+1,024 pods). What this module does not do, because neither the engines' control routes nor the API server's
+hot verbs need it: proxies, redirects, cookies, compression (nothing asks for it, so servers answer
+identity), HTTP/2 (no ALPN is offered: servers answer HTTP/1.1).
 
 What the caller may rely on, the same as with aiohttp:
 
-- ``NotSent``: no connection could be made; the engine cannot have received the request.
-- ``Lost``: the connection broke (or the answer made no sense) after the request was written; the engine
-  may have acted on it. A kept-alive connection the engine closed while idle is noticed before reuse
-  (``connection_lost``) and a fresh one is made; the idle limit stays below vLLM's keep-alive (5 s), so a
-  connection is not reused just as the engine closes it.
+- ``NotSent``: no connection could be made (TLS handshake included); the server cannot have received the
+  request.
+- ``Lost``: the connection broke (or the answer made no sense) after the request was written; the server
+  may have acted on it. A kept-alive connection the server closed while idle is noticed before reuse
+  (``connection_lost``) and a fresh one is made; ``idle_s`` must stay below the server's keep-alive (vLLM's
+  is 5 s), so that a connection is not reused just as the server closes it.
 - ``TimeoutError``: no whole answer within ``total`` seconds (waiting for a connection slot included) or no
   connection within ``connect`` seconds. The connection is closed, never reused: a late answer on it would
   be taken for the next request's.
@@ -29,12 +32,13 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import ssl
 import time
 import urllib.parse
 from typing import Final
 
 USER_AGENT: Final = b"rolloutfleet-operator"
-MAX_HEAD_BYTES: Final = 64 * 1024  # an engine's answer headers are a few hundred bytes
+MAX_HEAD_BYTES: Final = 64 * 1024  # an engine's or the API server's answer headers are under a kilobyte
 # vLLM's HTTP server closes a connection idle for 5 s (uvicorn's keep-alive default, vLLM's
 # VLLM_HTTP_TIMEOUT_KEEP_ALIVE): reuse only connections idle for less, with a margin for the network.
 IDLE_S: Final = 4.0
@@ -42,7 +46,7 @@ _NO_BODY_STATUSES: Final = frozenset({204, 304})
 
 
 class NotSent(ConnectionError):  # noqa: N818 - read as "the request was not sent"
-    """No connection to the engine: nothing was sent."""
+    """No connection to the server: nothing was sent."""
 
 
 class Lost(ConnectionError):  # noqa: N818 - read as "the connection was lost"
@@ -59,17 +63,20 @@ class Response:
     body: bytes
 
     def text(self) -> str:
-        # The engines answer JSON and text in UTF-8 (FastAPI's and aiohttp's defaults).
+        # The engines and the API server answer JSON and text in UTF-8.
         return self.body.decode("utf-8", "replace")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Origin:
-    """Where an engine listens, parsed once per base URL."""
+    """Where a server listens, parsed once per base URL; ``tls`` for ``https`` (with the name the server's
+    certificate must hold, ``None`` for the host)."""
 
     host: str
     port: int
     host_header: bytes
+    tls: ssl.SSLContext | None = None
+    server_hostname: str | None = None
 
 
 class _Connection(asyncio.Protocol):
@@ -264,7 +271,7 @@ class _Connection(asyncio.Protocol):
 
 class _Slots:
     """A counting limit whose waiters are served in arrival order (``asyncio.Semaphore`` without the object
-    per engine: ``EngineHTTP`` keeps one only while the engine has calls in flight or waiting)."""
+    per engine: ``HTTP11`` keeps one only while the engine has calls in flight or waiting)."""
 
     __slots__ = ("taken", "waiters")
 
@@ -273,7 +280,7 @@ class _Slots:
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
 
-class EngineHTTP:
+class HTTP11:
     """Connections to many engines (module docstring). ``close()`` drops them all."""
 
     def __init__(self, *, limit: int = 512, limit_per_host: int = 4, idle_s: float = IDLE_S) -> None:
@@ -289,15 +296,19 @@ class EngineHTTP:
         self._swept = 0.0
         self._closed = False
 
-    def origin(self, base_url: str) -> Origin:
-        """``http://10.1.2.3:8000`` parsed (cached: the same few thousand engines are asked again and again)."""
+    def origin(self, base_url: str, *, tls: ssl.SSLContext | None = None, server_hostname: str | None = None) -> Origin:
+        """``http://10.1.2.3:8000`` parsed (cached: the same few thousand engines are asked again and again);
+        ``https://…`` only with ``tls``, the context that verifies the server (and holds a client
+        certificate, if any)."""
         found = self._origins.get(base_url)
         if found is None:
             parts = urllib.parse.urlsplit(base_url)
-            if parts.scheme != "http" or not parts.hostname:
-                raise ValueError(f"engines are dialled in plain HTTP (http://host:port), not {base_url!r}")
-            port = parts.port or 80
-            found = Origin(parts.hostname, port, (parts.netloc or f"{parts.hostname}:{port}").encode("idna"))
+            scheme = "https" if tls is not None else "http"
+            if parts.scheme != scheme or not parts.hostname or parts.path not in ("", "/"):
+                raise ValueError(f"expected {scheme}://host:port, not {base_url!r}")
+            port = parts.port or (443 if tls is not None else 80)
+            host_header = (parts.netloc or f"{parts.hostname}:{port}").encode("idna")
+            found = Origin(parts.hostname, port, host_header, tls, server_hostname)
             if len(self._origins) > 65_536:  # pods come and go with new IPs: keep the cache bounded
                 self._origins.clear()
             self._origins[base_url] = found
@@ -317,15 +328,20 @@ class EngineHTTP:
         """One call; ``target`` is the path with its query string. Raises ``NotSent``, ``Lost`` or
         ``TimeoutError`` (module docstring)."""
         if self._closed:
-            raise RuntimeError("EngineHTTP is closed")
+            raise RuntimeError("HTTP11 is closed")
         head = [f"{method} {target} HTTP/1.1\r\n".encode("latin-1"), b"Host: ", origin.host_header, b"\r\n"]
-        for name, value in (headers or {}).items():
+        headers = headers or {}
+        for name, value in headers.items():
             if "\n" in value or "\r" in value:  # a token with a line break would add headers of its own
                 raise ValueError(f"header {name} holds a line break")
             head.append(f"{name}: {value}\r\n".encode("latin-1"))
         if body is not None or method in ("POST", "PUT", "PATCH"):
             head.append(b"Content-Length: %d\r\n" % (len(body) if body is not None else 0))
-        head.append(b"User-Agent: " + USER_AGENT + b"\r\nAccept: */*\r\n\r\n")
+        if "User-Agent" not in headers:
+            head.append(b"User-Agent: " + USER_AGENT + b"\r\n")
+        if "Accept" not in headers:
+            head.append(b"Accept: */*\r\n")
+        head.append(b"\r\n")
         if body:
             head.append(body)
         request = b"".join(head)
@@ -366,7 +382,16 @@ class EngineHTTP:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(connect):
-                _, protocol = await loop.create_connection(_Connection, origin.host, origin.port)
+                if origin.tls is None:
+                    _, protocol = await loop.create_connection(_Connection, origin.host, origin.port)
+                else:
+                    _, protocol = await loop.create_connection(
+                        _Connection,
+                        origin.host,
+                        origin.port,
+                        ssl=origin.tls,
+                        server_hostname=origin.server_hostname or origin.host,
+                    )
         except OSError as exc:
             raise NotSent(f"cannot connect to {origin.host}:{origin.port}: {exc}") from exc
         return protocol
@@ -431,7 +456,7 @@ class EngineHTTP:
             await waiter  # resolved by _release, which hands its slot over (taken stays counted)
         except BaseException:
             if waiter.done() and not waiter.cancelled():
-                EngineHTTP._release(slots)  # the slot was handed over just as we were cancelled: pass it on
+                HTTP11._release(slots)  # the slot was handed over just as we were cancelled: pass it on
             else:
                 with contextlib.suppress(ValueError):  # _release may have dropped it already
                     slots.waiters.remove(waiter)

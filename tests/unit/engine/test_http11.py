@@ -1,4 +1,4 @@
-"""``adapters.engine_http`` against a raw TCP server that answers byte for byte what each test scripts.
+"""``adapters.http11`` against a raw TCP server that answers byte for byte what each test scripts.
 
 The engine client's other tests run it against the simulator (aiohttp's server) and tests/contract against
 real vLLM (uvicorn); these pin what those servers never do on their own but a network or an engine may:
@@ -10,13 +10,16 @@ the one the operator needs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
-from rolloutfleet.adapters.engine_http import EngineHTTP, Lost, NotSent, Origin, _Slots
+from rolloutfleet.adapters.http11 import HTTP11, Lost, NotSent, Origin, _Slots
+from rolloutfleet.sandbox import certs
 
 Answer = Callable[[bytes, bytes], bytes | None]  # (request head, request body) -> bytes to write; None: close
 
@@ -85,8 +88,8 @@ class ScriptedServer:
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[EngineHTTP]:
-    transport = EngineHTTP(limit=64, limit_per_host=4)
+async def http() -> AsyncIterator[HTTP11]:
+    transport = HTTP11(limit=64, limit_per_host=4)
     yield transport
     await transport.close()
 
@@ -97,7 +100,7 @@ async def serve(answer: Answer) -> ScriptedServer:
     return server
 
 
-async def call(http: EngineHTTP, server: ScriptedServer, method: str = "GET", **kw: Any) -> Any:
+async def call(http: HTTP11, server: ScriptedServer, method: str = "GET", **kw: Any) -> Any:
     kw.setdefault("total", 5.0)
     kw.setdefault("connect", 2.0)
     return await http.request(method, server.origin, "/x", **kw)
@@ -106,7 +109,7 @@ async def call(http: EngineHTTP, server: ScriptedServer, method: str = "GET", **
 async def test_request_carries_headers_body_and_host() -> None:
     """The engine's auth middleware reads the bearer token; FastAPI reads the JSON body by its length."""
     server = await serve(lambda head, body: ok())
-    http = EngineHTTP()
+    http = HTTP11()
     try:
         r = await http.request(
             "POST",
@@ -127,7 +130,7 @@ async def test_request_carries_headers_body_and_host() -> None:
     assert (r.status, r.content_type, r.body) == (200, "application/json", b'{"ok": true}')
 
 
-async def test_a_post_without_body_says_so(http: EngineHTTP) -> None:
+async def test_a_post_without_body_says_so(http: HTTP11) -> None:
     """vLLM's POST /pause has no body; without Content-Length: 0 a server would wait for one."""
     server = await serve(lambda head, body: ok())
     await call(http, server, "POST")
@@ -135,7 +138,7 @@ async def test_a_post_without_body_says_so(http: EngineHTTP) -> None:
     assert b"\r\nContent-Length: 0\r\n" in server.requests[0][0]
 
 
-async def test_connections_are_kept_alive(http: EngineHTTP) -> None:
+async def test_connections_are_kept_alive(http: HTTP11) -> None:
     """One connection per engine for calls in sequence: a new TCP handshake per call costs CPU on both ends."""
     server = await serve(lambda head, body: ok())
     for _ in range(5):
@@ -144,7 +147,7 @@ async def test_connections_are_kept_alive(http: EngineHTTP) -> None:
     assert server.connections == 1 and len(server.requests) == 5
 
 
-async def test_connection_close_is_honoured(http: EngineHTTP) -> None:
+async def test_connection_close_is_honoured(http: HTTP11) -> None:
     server = await serve(lambda head, body: ok(extra=b"Connection: close\r\n"))
     for _ in range(3):
         await call(http, server)
@@ -152,7 +155,7 @@ async def test_connection_close_is_honoured(http: EngineHTTP) -> None:
     assert server.connections == 3
 
 
-async def test_chunked_answer_with_trailers(http: EngineHTTP) -> None:
+async def test_chunked_answer_with_trailers(http: HTTP11) -> None:
     """HTTP/1.1 servers may frame any answer in chunks (a streaming response, a proxy in between)."""
     chunked = (
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json; charset=utf-8\r\n\r\n"
@@ -166,7 +169,7 @@ async def test_chunked_answer_with_trailers(http: EngineHTTP) -> None:
     assert server.connections == 1
 
 
-async def test_answer_delimited_by_the_end_of_the_connection(http: EngineHTTP) -> None:
+async def test_answer_delimited_by_the_end_of_the_connection(http: HTTP11) -> None:
     """No length and not chunked: the body is what arrives until the server closes (HTTP/1.1 allows it)."""
 
     async def serve_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -182,7 +185,7 @@ async def test_answer_delimited_by_the_end_of_the_connection(http: EngineHTTP) -
     assert (r.status, r.body) == (200, b"all of it")
 
 
-async def test_head_and_no_content_answers_have_no_body(http: EngineHTTP) -> None:
+async def test_head_and_no_content_answers_have_no_body(http: HTTP11) -> None:
     """A HEAD answer's Content-Length describes the GET's body, which is not sent: waiting for it would hang."""
     server = await serve(
         lambda head, body: (
@@ -198,13 +201,13 @@ async def test_head_and_no_content_answers_have_no_body(http: EngineHTTP) -> Non
     assert server.connections == 1
 
 
-async def test_interim_answer_is_skipped(http: EngineHTTP) -> None:
+async def test_interim_answer_is_skipped(http: HTTP11) -> None:
     server = await serve(lambda head, body: b"HTTP/1.1 100 Continue\r\n\r\n" + ok())
     assert (await call(http, server)).status == 200
     await server.stop()
 
 
-async def test_refused_connection_is_not_sent(http: EngineHTTP) -> None:
+async def test_refused_connection_is_not_sent(http: HTTP11) -> None:
     """NotSent lets the engine client retry even a state-changing call: the engine cannot have seen it."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -213,7 +216,7 @@ async def test_refused_connection_is_not_sent(http: EngineHTTP) -> None:
             await http.request("POST", Origin("127.0.0.1", port, b"h"), "/pause", total=5, connect=2)
 
 
-async def test_connection_dropped_before_the_answer_is_lost(http: EngineHTTP) -> None:
+async def test_connection_dropped_before_the_answer_is_lost(http: HTTP11) -> None:
     """The request was written: the engine may have acted on it, so this must not read as NotSent."""
     server = await serve(lambda head, body: None)
     with pytest.raises(Lost) as err:
@@ -222,7 +225,7 @@ async def test_connection_dropped_before_the_answer_is_lost(http: EngineHTTP) ->
     assert not isinstance(err.value, NotSent)
 
 
-async def test_connection_dropped_mid_body_is_lost(http: EngineHTTP) -> None:
+async def test_connection_dropped_mid_body_is_lost(http: HTTP11) -> None:
     """A truncated JSON body must not be decoded as a shorter answer."""
 
     async def half(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -238,7 +241,7 @@ async def test_connection_dropped_mid_body_is_lost(http: EngineHTTP) -> None:
     raw.close()
 
 
-async def test_idle_connection_closed_by_the_engine_is_replaced(http: EngineHTTP) -> None:
+async def test_idle_connection_closed_by_the_engine_is_replaced(http: HTTP11) -> None:
     """vLLM closes connections idle for 5 s; the next call must not fail because of it."""
     server = await serve(lambda head, body: ok())
     await call(http, server)
@@ -253,7 +256,7 @@ async def test_idle_connection_closed_by_the_engine_is_replaced(http: EngineHTTP
 async def test_connections_idle_too_long_are_not_reused() -> None:
     """Reusing a connection just as the engine's keep-alive expires would lose a request (``Lost``)."""
     server = await serve(lambda head, body: ok())
-    http = EngineHTTP(idle_s=0.05)
+    http = HTTP11(idle_s=0.05)
     try:
         await call(http, server)
         await asyncio.sleep(0.1)
@@ -264,7 +267,7 @@ async def test_connections_idle_too_long_are_not_reused() -> None:
     assert server.connections == 2
 
 
-async def test_no_answer_times_out_and_the_connection_is_not_reused(http: EngineHTTP) -> None:
+async def test_no_answer_times_out_and_the_connection_is_not_reused(http: HTTP11) -> None:
     """A late answer on a reused connection would be read as the next call's answer."""
     calls = 0
 
@@ -281,7 +284,7 @@ async def test_no_answer_times_out_and_the_connection_is_not_reused(http: Engine
     assert server.connections == 2
 
 
-async def test_cancelled_call_closes_its_connection(http: EngineHTTP) -> None:
+async def test_cancelled_call_closes_its_connection(http: HTTP11) -> None:
     server = await serve(lambda head, body: b"")
     task = asyncio.create_task(call(http, server))
     while not server.requests:
@@ -320,7 +323,7 @@ async def test_per_engine_connection_limit() -> None:
 
     raw = await asyncio.start_server(slow, "127.0.0.1", 0)
     port = raw.sockets[0].getsockname()[1]
-    http = EngineHTTP(limit=64, limit_per_host=2)
+    http = HTTP11(limit=64, limit_per_host=2)
     try:
         origin = Origin("127.0.0.1", port, b"h")
         answers = await asyncio.gather(*(http.request("GET", origin, "/", total=5, connect=2) for _ in range(12)))
@@ -334,7 +337,7 @@ async def test_a_waiter_cancelled_in_the_queue_does_not_leak_a_slot() -> None:
     """Slots handed to a waiter that was cancelled meanwhile pass on: otherwise the engine's calls would
     eventually all wait forever."""
     server = await serve(lambda head, body: ok())
-    http = EngineHTTP(limit=1, limit_per_host=1)
+    http = HTTP11(limit=1, limit_per_host=1)
     try:
         first = asyncio.create_task(call(http, server))
         queued = asyncio.create_task(call(http, server))
@@ -350,14 +353,14 @@ async def test_a_waiter_cancelled_in_the_queue_does_not_leak_a_slot() -> None:
         await server.stop()
 
 
-async def test_garbage_answer_is_lost(http: EngineHTTP) -> None:
+async def test_garbage_answer_is_lost(http: HTTP11) -> None:
     server = await serve(lambda head, body: b"SSH-2.0-OpenSSH\r\n\r\n")
     with pytest.raises(Lost, match=r"not an HTTP/1\.x answer"):
         await call(http, server)
     await server.stop()
 
 
-async def test_header_injection_is_refused(http: EngineHTTP) -> None:
+async def test_header_injection_is_refused(http: HTTP11) -> None:
     """A token read from a Secret with a line break in it must not add headers of its own."""
     server = await serve(lambda head, body: ok())
     with pytest.raises(ValueError, match="line break"):
@@ -366,22 +369,80 @@ async def test_header_injection_is_refused(http: EngineHTTP) -> None:
     assert server.requests == []
 
 
-def test_only_plain_http_origins() -> None:
-    http = EngineHTTP()
+def test_origins_are_http_or_https_with_a_context() -> None:
+    """Engines are dialled in plain HTTP; https only where the caller verifies the server (the API server)."""
+    http = HTTP11()
     assert http.origin("http://10.1.2.3:8000") == Origin("10.1.2.3", 8000, b"10.1.2.3:8000")
-    with pytest.raises(ValueError, match="plain HTTP"):
+    with pytest.raises(ValueError, match="expected http://host:port"):
         http.origin("https://10.1.2.3:8000")
+    with pytest.raises(ValueError, match="expected http://host:port"):
+        http.origin("http://10.1.2.3:8000/prefix")  # a path belongs to the request, not the origin
+    context = ssl.create_default_context()
+    tls = http.origin("https://127.0.0.1:6443", tls=context)
+    assert (tls.port, tls.tls) == (6443, context)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> certs.Pki:
+    # The sandbox's own CA and API-server certificate (names 127.0.0.1); the service IP is only written into
+    # the certificate, never dialled.
+    return certs.ensure_pki(tmp_path_factory.mktemp("pki"), "10.0.0.1")
+
+
+async def tls_server(pki: certs.Pki) -> tuple[asyncio.Server, int, list[bytes]]:
+    heads: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            while True:
+                heads.append(await reader.readuntil(b"\r\n\r\n"))
+                writer.write(ok())
+                await writer.drain()
+        writer.close()
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(pki.server_cert, pki.server_key)
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=context)
+    return server, server.sockets[0].getsockname()[1], heads
+
+
+async def test_tls_with_the_servers_ca(pki: certs.Pki) -> None:
+    """The API server's hot verbs go over TLS: verified against the configuration's CA, kept alive."""
+    server, port, heads = await tls_server(pki)
+    http = HTTP11()
+    try:
+        origin = http.origin(f"https://127.0.0.1:{port}", tls=ssl.create_default_context(cafile=str(pki.ca_cert)))
+        for _ in range(3):
+            assert (await http.request("GET", origin, "/api/v1/pods", total=5, connect=5)).status == 200
+    finally:
+        await http.close()
+        server.close()
+    assert len(heads) == 3 and heads[0].startswith(b"GET /api/v1/pods HTTP/1.1\r\n")
+
+
+async def test_tls_with_an_unknown_ca_is_not_sent(pki: certs.Pki) -> None:
+    """A server whose certificate does not verify gets nothing, the credentials least of all."""
+    server, port, heads = await tls_server(pki)
+    http = HTTP11()
+    try:
+        origin = http.origin(f"https://127.0.0.1:{port}", tls=ssl.create_default_context())
+        with pytest.raises(NotSent, match="CERTIFICATE_VERIFY_FAILED"):
+            await http.request("GET", origin, "/", headers={"Authorization": "Bearer x"}, total=5, connect=5)
+    finally:
+        await http.close()
+        server.close()
+    assert heads == []
 
 
 async def test_a_slot_handed_to_a_waiter_cancelled_before_it_ran_passes_on() -> None:
     """The slot was handed over (the waiter's future resolved) and the waiting call was cancelled before it
     resumed: the slot must go to the next waiter or back to the count, not vanish with the cancelled call."""
     slots = _Slots()
-    await EngineHTTP._acquire(slots, 1)
-    waiting = asyncio.create_task(EngineHTTP._acquire(slots, 1))
+    await HTTP11._acquire(slots, 1)
+    waiting = asyncio.create_task(HTTP11._acquire(slots, 1))
     await asyncio.sleep(0)
     assert len(slots.waiters) == 1
-    EngineHTTP._release(slots)  # hands the slot to the waiter...
+    HTTP11._release(slots)  # hands the slot to the waiter...
     waiting.cancel()  # ...which is cancelled before it runs
     with pytest.raises(asyncio.CancelledError):
         await waiting
