@@ -141,10 +141,7 @@ class KubeHTTP:
         data = None if body is None else msgspec.json.encode(body)
         headers = self._headers(content_type if data is not None else None)
         async with self._slots:
-            if self.configuration.proxy:
-                raw, status, reason = await self._via_aiohttp(method, path, params, data, headers, timeout)
-            else:
-                raw, status, reason = await self._direct(method, path, params, data, headers, timeout)
+            raw, status, reason = await self._exchange(method, path, params, data, headers, timeout)
         if not 200 <= status < 300:
             raise KubeHTTPError(status, _message(raw.decode("utf-8", "replace"), reason))
         if not decode:
@@ -161,39 +158,31 @@ class KubeHTTP:
             )
         return self._origin
 
-    async def _direct(
+    async def _exchange(
         self,
         method: str,
         path: str,
         params: dict[str, str] | None,
         data: bytes | None,
         headers: dict[str, str],
-        timeout: float,  # noqa: ASYNC109 - the request's own bound, passed to http11
+        timeout: float,  # noqa: ASYNC109 - the request's own bound, passed to the client
     ) -> tuple[bytes, int, str]:
-        origin = self._origin_of()
-        target = self._prefix + path + ("?" + urllib.parse.urlencode(params) if params else "")
+        """The answer's body, status and reason: through http11, or aiohttp when a proxy is configured."""
         try:
-            resp = await self._http.request(
-                method, origin, target, headers=headers, body=data, total=timeout, connect=min(timeout, CONNECT_SECONDS)
-            )
-        except TimeoutError as exc:
-            raise KubeHTTPError(0, f"no answer in {timeout:g}s: {method} {path}") from exc
-        except (http11.NotSent, http11.Lost) as exc:
-            raise KubeHTTPError(0, f"{type(exc).__name__}: {exc}") from exc
-        return resp.body, resp.status, resp.reason
-
-    async def _via_aiohttp(
-        self,
-        method: str,
-        path: str,
-        params: dict[str, str] | None,
-        data: bytes | None,
-        headers: dict[str, str],
-        timeout: float,  # noqa: ASYNC109 - the request's own bound, passed to aiohttp
-    ) -> tuple[bytes, int, str]:
-        session = self._open()
-        try:
-            async with session.request(
+            if not self.configuration.proxy:
+                origin = self._origin_of()  # first: it reads the server URL's path prefix
+                target = self._prefix + path + ("?" + urllib.parse.urlencode(params) if params else "")
+                resp = await self._http.request(
+                    method,
+                    origin,
+                    target,
+                    headers=headers,
+                    body=data,
+                    total=timeout,
+                    connect=min(timeout, CONNECT_SECONDS),
+                )
+                return resp.body, resp.status, resp.reason
+            async with self._open().request(
                 method,
                 self.base + path,
                 params=params,
@@ -201,12 +190,12 @@ class KubeHTTP:
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout),
                 **self._route(),
-            ) as resp:
+            ) as answer:
                 # Read to the end either way: the connection goes back to the pool.
-                return await resp.read(), resp.status, resp.reason or ""
+                return await answer.read(), answer.status, answer.reason or ""
         except TimeoutError as exc:
             raise KubeHTTPError(0, f"no answer in {timeout:g}s: {method} {path}") from exc
-        except aiohttp.ClientError as exc:
+        except (http11.NotSent, http11.Lost, aiohttp.ClientError) as exc:
             raise KubeHTTPError(0, f"{type(exc).__name__}: {exc}") from exc
 
     async def stream(

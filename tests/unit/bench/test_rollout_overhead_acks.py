@@ -6,20 +6,14 @@ it gone, which killed that follower's watch: the bench then timed out waiting fo
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
-import sys
 
+import bench_modules
 import pytest
 
 pytestmark = pytest.mark.unit
 
-_PATH = pathlib.Path(__file__).resolve().parents[3] / "bench" / "rollout_overhead.py"
-_spec = importlib.util.spec_from_file_location("rollout_overhead", _PATH)
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["rollout_overhead"] = bench
-_spec.loader.exec_module(bench)
+bench = bench_modules.load("rollout_overhead")
 
 
 def test_each_follower_writes_through_its_own_temporary_file(tmp_path: pathlib.Path) -> None:

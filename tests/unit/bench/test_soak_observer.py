@@ -6,21 +6,14 @@ The soak's verdict is only as good as these rules, so each test says which real 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import pathlib
-import sys
 from typing import Any
 
+import bench_modules
 import pytest
 
 pytestmark = pytest.mark.unit
 
-_PATH = pathlib.Path(__file__).resolve().parents[3] / "bench" / "soak_observer.py"
-_spec = importlib.util.spec_from_file_location("soak_observer", _PATH)
-assert _spec is not None and _spec.loader is not None
-obs = importlib.util.module_from_spec(_spec)
-sys.modules["soak_observer"] = obs
-_spec.loader.exec_module(obs)
+obs = bench_modules.load("soak_observer")
 
 GATE = "rolloutfleet.io/weights-ready"
 PINS = {

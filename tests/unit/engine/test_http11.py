@@ -100,6 +100,19 @@ async def serve(answer: Answer) -> ScriptedServer:
     return server
 
 
+async def one_answer_server(answer: bytes) -> tuple[asyncio.Server, Origin]:
+    """A server that reads one request head, writes ``answer`` and closes the connection."""
+
+    async def serve_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    raw = await asyncio.start_server(serve_once, "127.0.0.1", 0)
+    return raw, Origin("127.0.0.1", raw.sockets[0].getsockname()[1], b"h")
+
+
 async def call(http: HTTP11, server: ScriptedServer, method: str = "GET", **kw: Any) -> Any:
     kw.setdefault("total", 5.0)
     kw.setdefault("connect", 2.0)
@@ -171,16 +184,8 @@ async def test_chunked_answer_with_trailers(http: HTTP11) -> None:
 
 async def test_answer_delimited_by_the_end_of_the_connection(http: HTTP11) -> None:
     """No length and not chunked: the body is what arrives until the server closes (HTTP/1.1 allows it)."""
-
-    async def serve_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\n\r\nall of it")
-        await writer.drain()
-        writer.close()
-
-    raw = await asyncio.start_server(serve_once, "127.0.0.1", 0)
-    port = raw.sockets[0].getsockname()[1]
-    r = await http.request("GET", Origin("127.0.0.1", port, b"h"), "/", total=5, connect=2)
+    raw, origin = await one_answer_server(b"HTTP/1.1 200 OK\r\n\r\nall of it")
+    r = await http.request("GET", origin, "/", total=5, connect=2)
     raw.close()
     assert (r.status, r.body) == (200, b"all of it")
 
@@ -227,17 +232,9 @@ async def test_connection_dropped_before_the_answer_is_lost(http: HTTP11) -> Non
 
 async def test_connection_dropped_mid_body_is_lost(http: HTTP11) -> None:
     """A truncated JSON body must not be decoded as a shorter answer."""
-
-    async def half(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"par')
-        await writer.drain()
-        writer.close()
-
-    raw = await asyncio.start_server(half, "127.0.0.1", 0)
-    port = raw.sockets[0].getsockname()[1]
+    raw, origin = await one_answer_server(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"par')
     with pytest.raises(Lost, match="before a whole answer"):
-        await http.request("GET", Origin("127.0.0.1", port, b"h"), "/", total=5, connect=2)
+        await http.request("GET", origin, "/", total=5, connect=2)
     raw.close()
 
 
