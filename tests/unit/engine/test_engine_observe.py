@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+from collections.abc import AsyncIterator
 
 import pytest
 from engine_support import TOKEN, Latencies
@@ -21,6 +22,17 @@ from rolloutfleet.api.engine import EngineFault, EngineState
 from rolloutfleet.sim import EngineSpec, FaultKind, FaultRule, SimulatedEngine
 
 
+@pytest.fixture
+async def patient(sim: SimulatedEngine) -> AsyncIterator[EngineClient]:
+    """A client with the pool's default timeouts, for the tests that classify an answer (not the module
+    fixture's 0.25 s, made for the timeout tests): on a loaded box the first read of a fresh pool took
+    longer than 0.25 s (a garbage collection late in a long test session, say), the read then counted as
+    unreachable, and the test failed for the box, not for the classification (seen twice: here and in
+    ``test_a_reachable_engine_has_no_fault``)."""
+    async with EnginePool(token=TOKEN) as pool:
+        yield pool.client(sim.url)
+
+
 async def test_refused_token_is_unauthorized(sim: SimulatedEngine) -> None:
     async with EnginePool(token="not-the-token") as other:
         state = await other.client(sim.url).observe()
@@ -30,9 +42,9 @@ async def test_refused_token_is_unauthorized(sim: SimulatedEngine) -> None:
 
 
 @pytest.mark.parametrize("status", [403])
-async def test_forbidden_is_unauthorized(client: EngineClient, sim: SimulatedEngine, status: int) -> None:
+async def test_forbidden_is_unauthorized(patient: EngineClient, sim: SimulatedEngine, status: int) -> None:
     sim.add_fault(FaultRule(step="is_paused", kind=FaultKind.HTTP_ERROR, status=status, body={"error": "no"}))
-    assert (await client.observe()).fault == EngineFault.UNAUTHORIZED
+    assert (await patient.observe()).fault == EngineFault.UNAUTHORIZED
 
 
 @pytest.mark.parametrize(
@@ -48,26 +60,26 @@ async def test_forbidden_is_unauthorized(client: EngineClient, sim: SimulatedEng
     ids=["bad-field", "results-not-a-list", "state-without-fields", "no-extension-500", "route-missing-404"],
 )
 async def test_an_answer_outside_the_contract_is_a_protocol_fault(
-    client: EngineClient, sim: SimulatedEngine, fault: FaultRule
+    patient: EngineClient, sim: SimulatedEngine, fault: FaultRule
 ) -> None:
     sim.add_fault(fault)
-    state = await client.observe()
-    assert not state.reachable and state.fault == EngineFault.PROTOCOL and state.error
+    state = await patient.observe()
+    assert not state.reachable and state.fault == EngineFault.PROTOCOL and state.error, state.error
 
 
 async def test_an_extension_error_is_an_extension_fault_with_its_code(
-    client: EngineClient, sim: SimulatedEngine
+    patient: EngineClient, sim: SimulatedEngine
 ) -> None:
     body = {"results": [{"ok": False, "error": {"code": "state_unavailable", "message": "no model runner"}}]}
     sim.add_fault(FaultRule(step="rolloutfleet_state", kind=FaultKind.HTTP_ERROR, status=200, body=body))
-    state = await client.observe()
+    state = await patient.observe()
     assert state.fault == EngineFault.EXTENSION and "state_unavailable" in (state.error or "")
 
 
 @pytest.mark.parametrize("spec", [EngineSpec(tp_size=2)])
-async def test_disagreeing_ranks_are_an_inconsistent_fault(client: EngineClient, sim: SimulatedEngine) -> None:
+async def test_disagreeing_ranks_are_an_inconsistent_fault(patient: EngineClient, sim: SimulatedEngine) -> None:
     sim.add_fault(FaultRule(step="rolloutfleet_state", kind=FaultKind.SPLIT_RANKS))
-    state = await client.observe()
+    state = await patient.observe()
     assert state.fault == EngineFault.INCONSISTENT and not state.reachable
 
 
@@ -79,11 +91,8 @@ async def test_no_connection_and_no_answer_are_unreachable(client: EngineClient,
     assert state.fault == EngineFault.UNREACHABLE and state == EngineState.unreachable(state.error or "")
 
 
-async def test_a_reachable_engine_has_no_fault(sim: SimulatedEngine) -> None:
-    # The pool's default timeouts, not the module fixture's 0.25 s (made for the fault tests): on a loaded box
-    # the first read of a fresh pool took longer, and the test failed for the box, not the client.
-    async with EnginePool(token=TOKEN) as pool:
-        state = await pool.client(sim.url).observe()
+async def test_a_reachable_engine_has_no_fault(patient: EngineClient) -> None:
+    state = await patient.observe()
     assert state.reachable and state.fault is None
 
 
