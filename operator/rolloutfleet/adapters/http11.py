@@ -21,9 +21,9 @@ What the caller may rely on, the same as with aiohttp:
   may have acted on it. A kept-alive connection the server closed while idle is noticed before reuse
   (``connection_lost``) and a fresh one is made; ``idle_s`` must stay below the server's keep-alive (vLLM's
   is 5 s), so that a connection is not reused just as the server closes it.
-- ``TimeoutError``: no whole answer within ``total`` seconds (waiting for a connection slot included) or no
-  connection within ``connect`` seconds. The connection is closed, never reused: a late answer on it would
-  be taken for the next request's.
+- ``TimeoutError``: no whole answer within ``total`` seconds (waiting for a connection slot included). The
+  connection is closed, never reused: a late answer on it would be taken for the next request's. No
+  connection within ``connect`` seconds is ``NotSent``.
 """
 
 from __future__ import annotations
@@ -392,6 +392,10 @@ class HTTP11:
                         ssl=origin.tls,
                         server_hostname=origin.server_hostname or origin.host,
                     )
+        except TimeoutError as exc:  # (an OSError too: told apart for its message)
+            # NotSent, not a timeout of the call: nothing reached the server, so a load is not "of unknown
+            # outcome" (aiohttp reported this as a timeout, and a load's next attempt waited for a read).
+            raise NotSent(f"no connection to {origin.host}:{origin.port} within {connect:g}s") from exc
         except OSError as exc:
             raise NotSent(f"cannot connect to {origin.host}:{origin.port}: {exc}") from exc
         return protocol

@@ -444,3 +444,24 @@ async def test_a_slot_handed_to_a_waiter_cancelled_before_it_ran_passes_on() -> 
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert slots.taken == 0 and not slots.waiters
+
+
+async def test_no_connection_in_time_is_not_sent(http: HTTP11) -> None:
+    """A server that never completes the handshake (here: its accept queue is full, so Linux drops the SYN)
+    received nothing: NotSent, which lets a load be sent again at once instead of waiting for a read."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        fillers = []
+        for _ in range(4):  # fill the accept queue; nobody accepts
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            fillers.append(s)
+        try:
+            with pytest.raises(NotSent, match=f"no connection to 127.0.0.1:{port} within 0.2s"):
+                await http.request("POST", Origin("127.0.0.1", port, b"h"), "/load", total=5, connect=0.2)
+        finally:
+            for s in fillers:
+                s.close()
