@@ -600,7 +600,7 @@ class Fleet:
     def push_latencies(self, by_ip: dict[str, dict[str, float]], timeout: float = 120.0) -> None:
         """Hand the followers their engines' latencies; return once they run on every engine."""
         self.serial += 1
-        tmp = self.latency_file.with_suffix(".tmp")
+        tmp = _temporary(self.latency_file)
         tmp.write_text(json.dumps({"serial": self.serial, "latencies": by_ip}))
         tmp.replace(self.latency_file)
         acks = [ack_path(self.latency_file, i) for i in range(len(self.followers))]

@@ -271,7 +271,7 @@ class _Connection(asyncio.Protocol):
 
 class _Slots:
     """A counting limit whose waiters are served in arrival order (``asyncio.Semaphore`` without the object
-    per engine: ``HTTP11`` keeps one only while the engine has calls in flight or waiting)."""
+    per server: ``HTTP11`` keeps one only while the server has calls in flight or waiting)."""
 
     __slots__ = ("taken", "waiters")
 
@@ -281,7 +281,7 @@ class _Slots:
 
 
 class HTTP11:
-    """Connections to many engines (module docstring). ``close()`` drops them all."""
+    """Connections to many servers (module docstring). ``close()`` drops them all."""
 
     def __init__(self, *, limit: int = 512, limit_per_host: int = 4, idle_s: float = IDLE_S) -> None:
         if limit < 1 or limit_per_host < 1:
@@ -382,16 +382,14 @@ class HTTP11:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(connect):
-                if origin.tls is None:
-                    _, protocol = await loop.create_connection(_Connection, origin.host, origin.port)
-                else:
-                    _, protocol = await loop.create_connection(
-                        _Connection,
-                        origin.host,
-                        origin.port,
-                        ssl=origin.tls,
-                        server_hostname=origin.server_hostname or origin.host,
-                    )
+                _, protocol = await loop.create_connection(
+                    _Connection,
+                    origin.host,
+                    origin.port,
+                    ssl=origin.tls,
+                    # (asyncio refuses a server name without TLS)
+                    server_hostname=(origin.server_hostname or origin.host) if origin.tls is not None else None,
+                )
         except TimeoutError as exc:  # (an OSError too: told apart for its message)
             # NotSent, not a timeout of the call: nothing reached the server, so a load is not "of unknown
             # outcome" (aiohttp reported this as a timeout, and a load's next attempt waited for a read).

@@ -77,8 +77,13 @@ class KubeHTTP:
         self._streams: aiohttp.ClientSession | None = None  # watches: each holds a connection for minutes
         # The slots above bound the requests; the pool only keeps their connections.
         self._http = http11.HTTP11(limit=limit, limit_per_host=limit, idle_s=IDLE_SECONDS)
-        self._origin: http11.Origin | None = None
-        self._prefix = ""  # a path the API server is served under (e.g. behind a gateway)
+        parts = urllib.parse.urlsplit(self.base)
+        self._prefix = parts.path.rstrip("/")  # a path the API server is served under (e.g. behind a gateway)
+        self._origin = self._http.origin(
+            f"{parts.scheme}://{parts.netloc}",
+            tls=self._ssl if isinstance(self._ssl, ssl.SSLContext) else None,
+            server_hostname=self._route()["server_hostname"],
+        )
         self._auth: tuple[float, dict[str, str]] | None = None  # (read at, headers): see ``_auth_headers``
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
@@ -148,16 +153,6 @@ class KubeHTTP:
             return None
         return msgspec.json.decode(raw) if raw else None
 
-    def _origin_of(self) -> http11.Origin:
-        if self._origin is None:
-            parts = urllib.parse.urlsplit(self.base)
-            self._prefix = parts.path.rstrip("/")
-            tls = self._ssl if isinstance(self._ssl, ssl.SSLContext) else None
-            self._origin = self._http.origin(
-                f"{parts.scheme}://{parts.netloc}", tls=tls, server_hostname=self._route()["server_hostname"]
-            )
-        return self._origin
-
     async def _exchange(
         self,
         method: str,
@@ -170,11 +165,10 @@ class KubeHTTP:
         """The answer's body, status and reason: through http11, or aiohttp when a proxy is configured."""
         try:
             if not self.configuration.proxy:
-                origin = self._origin_of()  # first: it reads the server URL's path prefix
                 target = self._prefix + path + ("?" + urllib.parse.urlencode(params) if params else "")
                 resp = await self._http.request(
                     method,
-                    origin,
+                    self._origin,
                     target,
                     headers=headers,
                     body=data,
