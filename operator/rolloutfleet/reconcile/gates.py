@@ -1,8 +1,9 @@
 """The engine pods' readiness gate: a pod receives traffic only while it serves the fleet's verified pair.
 
-Called by ``reconcile.rollout_pass`` (before a pause, after a resume, at the end of every pass) and by
-``reconcile.revision`` for fleets still on their initial weights. Owns two switches per pod, always moved
-together (``open_for``/``close_for``):
+Called by ``reconcile.rollout_pass`` (before a pause, after a resume, at the end of every pass; AllAtOnce:
+beside the pauses and the resumes) and by ``reconcile.revision`` for fleets still on their initial weights.
+Owns two switches per pod, always moved together (``open_for``/``close_for``; an AllAtOnce pass writes the
+gate beside the engine call that moves the admission):
 
 - the condition ``rolloutfleet.io/weights-ready`` (``resources.children`` puts the gate in the pod
   template): the kubelet marks a pod Ready only when its containers are ready *and* this is True;

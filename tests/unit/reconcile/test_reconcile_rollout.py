@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+from typing import Any
 
 import pytest
 from reconcile_fakes import (
     WRONG_DIGEST,
+    Harness,
     arrivals,
     call_name,
     condition,
@@ -24,6 +26,8 @@ from reconcile_fakes import (
     out_of_service,
     served_revisions,
 )
+
+from rolloutfleet.sim.config import FaultKind, FaultRule
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]  # a hang fails, never blocks the run
 
@@ -157,4 +161,57 @@ async def test_corrupt_checkpoint_rolls_back_and_never_serves_unverified_weights
             assert 2 not in served_revisions(h.engine_log(pod)), pod
             assert loads(h.engine_log(pod), revision=2), "the bad checkpoint was loaded (and refused)"
         assert h.fleet_status()["currentRevision"] == 1
+        assert h.revision_status("step-1")["phase"] == "Succeeded"
+
+
+def _record_gates(h: Harness) -> list[tuple[str, str, int]]:
+    """(pod, status, engine-log order when the write returned) for every gate write from now on."""
+    written: list[tuple[str, str, int]] = []
+    real_patch = h.kube.patch_pod_condition
+
+    async def patch(namespace: str, name: str, condition: dict[str, Any], *, uid: str | None = None) -> None:
+        await real_patch(namespace, name, condition, uid=uid)
+        written.append((name, condition["status"], h.next_order()))
+
+    h.kube.patch_pod_condition = patch  # type: ignore[method-assign]
+    return written
+
+
+async def test_all_at_once_opens_each_gate_beside_its_resume(tmp_path: pathlib.Path) -> None:
+    """AllAtOnce, engines with admission: a pod's gate opens while its resume runs, not after it, so the
+    fleet's gate writes overlap its resumes instead of following them (issue 18). The pod is not Ready
+    before it resumed all the same: Ready needs the readiness probe too, which passes only once the engine is
+    admitted, and the resume's own request admits it only after the engine resumed."""
+    async with harness(tmp_path, replicas=3) as h:
+        for pod in h.pods:
+            h.engine(pod).add_fault(FaultRule(step="resume", kind=FaultKind.SLOW, delay=0.5, count=None))
+        written = _record_gates(h)
+        h.apply_revision("step-1", 1)
+        await h.settle()
+        for pod in h.pods:
+            names = [call_name(e) for e in ok_calls(h.engine_log(pod))]
+            moving = names[names.index("withdraw") :]  # (the first admit is the initial weights')
+            assert moving.index("resume") < moving.index("admit"), names
+            resumed = next(e["order"] for e in ok_calls(h.engine_log(pod)) if call_name(e) == "resume")
+            opened = [order for name, status, order in written if name == pod and status == "True"]
+            assert len(opened) == 1 and opened[0] < resumed, (pod, written)
+        assert all(h.served(p) == (1, 1, False) for p in h.pods)
+        assert h.revision_status("step-1")["phase"] == "Succeeded"
+
+
+async def test_a_gate_opened_beside_a_resume_that_failed_is_closed_again(tmp_path: pathlib.Path) -> None:
+    """The other side of the rule above: a resume that fails leaves its pod paused and un-admitted, and the
+    gate opened beside it says the pod serves: it is closed at once (not at the end of the pass), and opened
+    again only once the retried resume succeeded."""
+    async with harness(tmp_path, replicas=3, max_retries=2) as h:
+        flaky = "policy-1"
+        h.engine(flaky).add_fault(FaultRule(step="resume", kind=FaultKind.HTTP_ERROR, status=500, count=1))
+        written = _record_gates(h)
+        h.apply_revision("step-1", 1)
+        await h.settle()
+        assert [status for name, status, _ in written if name == flaky] == ["False", "True", "False", "True"]
+        for pod in h.pods:
+            if pod != flaky:
+                assert [status for name, status, _ in written if name == pod] == ["False", "True"]
+        assert all(h.served(p) == (1, 1, False) for p in h.pods)
         assert h.revision_status("step-1")["phase"] == "Succeeded"
