@@ -41,6 +41,7 @@ RUN python -m venv /opt/rolloutfleet \
     && ! /opt/rolloutfleet/bin/python -c "import rolloutfleet_worker" 2>/dev/null \
     && ! /opt/rolloutfleet/bin/python -c "import torch" 2>/dev/null \
     && ! /opt/rolloutfleet/bin/python -c "import kubernetes.aio" 2>/dev/null \
+    && /opt/rolloutfleet/bin/python -c "import uvloop" \
     && /opt/rolloutfleet/bin/rolloutfleet run --help >/dev/null
 
 FROM python:3.11-slim

@@ -35,7 +35,7 @@ import dataclasses
 import ssl
 import time
 import urllib.parse
-from typing import Final
+from typing import Final, cast
 
 USER_AGENT: Final = b"rolloutfleet-operator"
 MAX_HEAD_BYTES: Final = 64 * 1024  # an engine's or the API server's answer headers are under a kilobyte
@@ -107,8 +107,8 @@ class _Connection(asyncio.Protocol):
     # asyncio.Protocol -------------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)  # create_connection gives a Transport
-        self.transport = transport
+        # create_connection gives a Transport (uvloop's is one by its methods, not by subclassing asyncio's)
+        self.transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

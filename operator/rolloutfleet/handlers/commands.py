@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from rolloutfleet.adapters.kube import credentials_problem
-    from rolloutfleet.handlers import gc_tuning, wiring  # wiring: imported for its decorators, too
+    from rolloutfleet.handlers import event_loop, gc_tuning, wiring  # wiring: imported for its decorators, too
 
     problem = credentials_problem()
     if problem is not None:
@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         gc_threshold = gc_tuning.threshold_from(os.environ)
+        loop_name, loop_factory = event_loop.choose(os.environ)
     except ValueError as exc:
         print(f"rolloutfleet run: {exc}", file=sys.stderr)
         return 2
@@ -59,17 +60,19 @@ def run(args: argparse.Namespace) -> int:
         [] if args.all_namespaces else (args.namespace or [os.environ.get("ROLLOUTFLEET_WATCH_NAMESPACE", "default")])
     )
     priority = args.priority if args.priority is not None else _priority(os.environ.get("POD_ID", ""))
+    logging.getLogger(__name__).info("event loop: %s", loop_name)
     gc_tuning.apply(gc_threshold)  # last before the loop: everything loaded so far is frozen
-    asyncio.run(
-        kopf.operator(
-            priority=priority,
-            clusterwide=args.all_namespaces,
-            namespaces=namespaces,
-            standalone=args.standalone,
-            peering_name=args.peering,
-            liveness_endpoint=args.liveness or None,
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(
+            kopf.operator(
+                priority=priority,
+                clusterwide=args.all_namespaces,
+                namespaces=namespaces,
+                standalone=args.standalone,
+                peering_name=args.peering,
+                liveness_endpoint=args.liveness or None,
+            )
         )
-    )
     return 0
 
 

@@ -21,6 +21,8 @@ import pytest
 from rolloutfleet.adapters.http11 import HTTP11, Lost, NotSent, Origin, _Slots
 from rolloutfleet.sandbox import certs
 
+pytestmark = pytest.mark.both_loops  # the operator runs this code on uvloop (handlers/event_loop.py)
+
 Answer = Callable[[bytes, bytes], bytes | None]  # (request head, request body) -> bytes to write; None: close
 
 

@@ -22,6 +22,8 @@ from starlette.routing import Route
 
 from rolloutfleet.adapters.http11 import HTTP11, Origin
 
+pytestmark = pytest.mark.both_loops  # the operator runs this code on uvloop (handlers/event_loop.py)
+
 KEEP_ALIVE_S = 1  # uvicorn's timeout_keep_alive in these tests (vLLM's default is 5)
 
 

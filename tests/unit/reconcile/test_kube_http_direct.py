@@ -20,6 +20,8 @@ from kubernetes import client as k8s_client
 from rolloutfleet.adapters.kube_http import KubeHTTP, KubeHTTPError
 from rolloutfleet.sandbox import certs
 
+pytestmark = pytest.mark.both_loops  # the operator runs this code on uvloop (handlers/event_loop.py)
+
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> certs.Pki:

@@ -29,7 +29,7 @@ from reconcile_fakes import (
 
 from rolloutfleet.sim.config import FaultKind, FaultRule
 
-pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]  # a hang fails, never blocks the run
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60), pytest.mark.both_loops]  # a hang fails, never blocks the run
 
 
 async def test_all_at_once_sleep_mode_moves_every_engine_and_records_success(tmp_path: pathlib.Path) -> None:

@@ -15,7 +15,7 @@ from reconcile_fakes import call_name, harness, ok_calls
 
 from rolloutfleet.sim.config import Latencies
 
-pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60), pytest.mark.both_loops]
 
 STAGING = {"enabled": True, "hostMemoryLimit": "1Gi"}
 
