@@ -151,6 +151,7 @@ class RolloutPass:
         self.tally: verification.DigestTally | None = None  # the pods' votes for the goal's reference digests
         self.verified: set[str] = set()  # pods read from the engine when they were ready to resume or done
         self.decisions: dict[str, Decision] = {}
+        self.done: set[str] = set()  # the pods whose decision is Done (``_observe`` keeps it)
         self.messages: dict[str, str] = {}
         self.reasons: dict[str, str] = {}
         self.last_write = 0.0
@@ -267,11 +268,10 @@ class RolloutPass:
             await self._announce_target()
             # Called done only once read from the engine itself (an acknowledgement is not enough).
             self.verified |= {p for p in read if self.decisions[p].step in (Step.RESUME, Step.DONE)}
-            verified, inflight = self.verified, self.inflight
-            # Over the pods neither verified nor in flight only (a set difference, in C): at 1,024 pods this ran
-            # over the whole fleet at each of ~500 iterations (issue 18).
-            decisions = self.decisions
-            unverified = {p for p in decisions.keys() - verified - inflight.keys() if decisions[p].step == Step.DONE}
+            # Set differences only, in C: a test of each pod neither verified nor in flight was 3.5 % of the
+            # operator's CPU at 1,024 pods, the whole fleet waiting at the AllAtOnce barrier at each of ~700
+            # iterations (issue 18).
+            unverified = self.done - self.verified - self.inflight.keys()
             if unverified:
                 self.stale |= unverified
                 continue
@@ -451,6 +451,10 @@ class RolloutPass:
             self.changed.discard(pod)
             decision = self._decide(pod, goal, now)
             self.decisions[pod] = decision
+            if decision.step is Step.DONE:  # (the only place a pod's decision becomes, or stops being, Done)
+                self.done.add(pod)
+            else:
+                self.done.discard(pod)
         for pod in read:
             self._record_staging(pod)
         # (The fleet status gets the states when it is written, ``_remember_states``: copying them for it at
