@@ -10,8 +10,9 @@ Nothing here is a cursor: the next pass derives everything again from the engine
 
 The pass owns the pods' readiness gates (``reconcile.gates``): closed before a pod pauses, opened after it
 resumed on verified weights, and reconciled for every pod when the pass ends. An AllAtOnce fleet, which
-leaves and returns as one, writes them beside its pauses and resumes instead (``_route_out_together``,
-``_opens_with_resume``): the engines' admission holds each pod out of the Service meanwhile.
+leaves and returns as one, writes them beside its pauses instead, and opens each pod's once it waits at the
+barrier on verified weights (``_route_out_together``, ``_open_at_barrier``): the engines' admission holds
+each pod out of the Service until its resume.
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ class RolloutPass:
         # AllAtOnce: gate writes running beside a pod's pause or resume (``_gate_beside``); the pod's next
         # routing waits for its own, so a pod's writes land in the order they were decided.
         self.gate_writes: dict[str, asyncio.Task[None]] = {}
+        self.opened_early: set[str] = set()  # AllAtOnce: gates opened at the barrier, before the pod resumed
         self.resume_batch: dict[str, _Batch] = {}  # AllAtOnce: pods routed back in once their batch resumed
         self.paused_since: float | None = None  # AllAtOnce: when the fleet paused together (until it resumed)
         self.decided_goal: Goal | None = None  # the goal (with reference digests) decisions were made for
@@ -455,6 +457,7 @@ class RolloutPass:
                 self.done.add(pod)
             else:
                 self.done.discard(pod)
+                self._open_at_barrier(pod, decision)
         for pod in read:
             self._record_staging(pod)
         # (The fleet status gets the states when it is written, ``_remember_states``: copying them for it at
@@ -666,9 +669,7 @@ class RolloutPass:
             return
         membership = push.membership(self.group, pod)
         read_first: list[bool] = []  # whether a call-by-call resume read the engine first (``_still_ready``)
-        opened_early = decision.step == Step.RESUME and self._opens_with_resume(pod)
-        if opened_early:
-            self._gate_beside(pod, True, "Serving", f"serves revision {self.goal.revision}, verified")
+        opened_early = decision.step == Step.RESUME and pod in self.opened_early
 
         async def ready() -> bool:
             read_first.append(True)
@@ -700,6 +701,7 @@ class RolloutPass:
             self._leave_batch(pod)
             self.stale.add(pod)
             if opened_early:
+                self.opened_early.discard(pod)
                 await self._route(pod, False, "NotServingFleetWeights", f"not resumed: {held}")
             return
         except executor.StepError as exc:
@@ -714,6 +716,7 @@ class RolloutPass:
             self.verified.discard(pod)
             log.warning("pod %s: %s", pod, exc)
             if opened_early:
+                self.opened_early.discard(pod)
                 await self._route(pod, False, "NotServingFleetWeights", f"{exc.reason}: {exc}")
             await asyncio.sleep(min(2.0, 0.1 * 2 ** self._attempts(pod)))  # back off before the retry
             return
@@ -754,6 +757,7 @@ class RolloutPass:
                 self.states[pod] = dataclasses.replace(self.states[pod], admitted=result.admitted)
             if not read_first:
                 self.reads += 1  # the resume's guard read what the engine holds, in the same request
+            self.opened_early.discard(pod)  # opened and now resumed: its gate is what it serves
             self.verified.add(pod)
             await self._resumed_together(pod)
             await self._route(pod, True, "Serving", f"serves revision {self.goal.revision}, verified")
@@ -809,16 +813,32 @@ class RolloutPass:
         self.routed_out.update(pauses)
         self.paused_since = time.monotonic()
 
-    def _opens_with_resume(self, pod: str) -> bool:
-        """AllAtOnce, resumed with others, on an engine with admission: the gate opens beside the resume.
+    def _open_at_barrier(self, pod: str, decision: Decision) -> None:
+        """AllAtOnce, an engine with admission: the pod's gate opens as soon as it waits to resume on verified
+        weights, so that the fleet's gate writes overlap the barrier and the resumes instead of following
+        them (1,024 of them took 1.1 s on 16 cores, bench/results/rollout_overhead.md); closed again at once
+        if its decision moves elsewhere (a resume that fails closes it in ``_step``).
 
-        The engine's admission is what keeps the pod out of the Service meanwhile: the pause withdrew it
-        and only the resume's own request admits it again, after the engine resumed on what its guard
-        checked (``reconcile.executor``); a pod is Ready only with both. An engine without admission has
-        only the gate, which then opens after the resume, as in Rolling.
+        The gate then says what it means, weights ready: the pod holds the revision's pair, verified. The
+        engine's admission keeps it out of the Service until it serves them: the pause withdrew it, and only
+        the resume's own request admits it again, after the engine resumed on what its guard checked
+        (``reconcile.executor``); a pod is Ready only with both. An engine without admission has only the
+        gate, which then opens after the resume, as in Rolling.
         """
-        state = self.states.get(pod)
-        return pod in self.resume_batch and state is not None and state.admitted is not None
+        if decision.step is Step.RESUME:
+            state = self.states.get(pod)
+            if (
+                pod not in self.opened_early
+                and self.plan.rollout == RolloutType.ALL_AT_ONCE
+                and len(self.order) > 1
+                and state is not None
+                and state.admitted is not None
+            ):
+                self.opened_early.add(pod)
+                self._gate_beside(pod, True, "Serving", f"serves revision {self.goal.revision}, verified")
+        elif pod in self.opened_early:
+            self.opened_early.discard(pod)
+            self._gate_beside(pod, False, "NotServingFleetWeights", decision.reason or "not at the goal")
 
     def _gate_beside(self, pod: str, value: bool, reason: str, message: str) -> None:
         """Write the pod's gate without waiting for it; the pod's next ``_route`` waits for this write."""
@@ -839,7 +859,7 @@ class RolloutPass:
     def _resume_together(self, chosen: dict[str, Decision]) -> None:
         """AllAtOnce: pods resumed together are routed back into the Service once all of them resumed.
 
-        Engines with admission have their gates opening beside their resumes already (``_opens_with_resume``):
+        Engines with admission have their gates open already (``_open_at_barrier``):
         for them this only orders the step ends. On images without admission the gate opens after the
         resume, and the first pods' gate writes would otherwise compete with the later pods' resumes for the
         operator's (and the API server's) CPU and spread the fleet's resume, the end of its out-of-service

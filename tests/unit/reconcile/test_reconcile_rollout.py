@@ -177,32 +177,47 @@ def _record_gates(h: Harness) -> list[tuple[str, str, int]]:
     return written
 
 
-async def test_all_at_once_opens_each_gate_beside_its_resume(tmp_path: pathlib.Path) -> None:
-    """AllAtOnce, engines with admission: a pod's gate opens while its resume runs, not after it, so the
-    fleet's gate writes overlap its resumes instead of following them (issue 18). The pod is not Ready
-    before it resumed all the same: Ready needs the readiness probe too, which passes only once the engine is
-    admitted, and the resume's own request admits it only after the engine resumed."""
+async def test_all_at_once_opens_each_gate_at_the_barrier_and_admits_after_the_resume(tmp_path: pathlib.Path) -> None:
+    """AllAtOnce, engines with admission: a pod's gate opens as soon as it waits at the barrier on verified
+    weights, so the fleet's gate writes overlap the barrier and the resumes instead of following them (issue
+    18: 1,024 of them took 1.1 s on 16 cores after the last resume). The pod is not Ready before it resumed
+    all the same: Ready needs the readiness probe too, which passes only once the engine is admitted, and the
+    resume's own request admits it only after the engine resumed. One engine's loads are held so that the
+    others wait at the barrier: their gates must open before it loads, none of them resumed."""
     async with harness(tmp_path, replicas=3) as h:
-        for pod in h.pods:
-            h.engine(pod).add_fault(FaultRule(step="resume", kind=FaultKind.SLOW, delay=0.5, count=None))
+        slow, others = "policy-2", ["policy-0", "policy-1"]
+        gate = h.hold_loads(slow)
+        h.mark_arrivals("wake_up:kv_cache")
         written = _record_gates(h)
+
+        async def release_when_the_others_are_open() -> None:
+            await h.wait_for(others, loaded)
+            for _ in range(5000):
+                if all((p, "True") in {(n, st) for n, st, _ in written} for p in others):
+                    break
+                await asyncio.sleep(0.002)
+            gate.set()
+
         h.apply_revision("step-1", 1)
-        await h.settle()
+        await asyncio.gather(h.settle(), release_when_the_others_are_open())
+        logs = h.logs()
+        first_resume = min(e["order"] for log in logs.values() for e in arrivals(log, "wake_up:kv_cache"))
+        last_load = max(e["order"] for log in logs.values() for e in loads(log, revision=1))
+        for pod in others:  # opened at the barrier: before the slow pod loaded, before anyone resumed
+            opened = [order for name, status, order in written if name == pod and status == "True"]
+            assert len(opened) == 1 and opened[0] < last_load < first_resume, (pod, written)
         for pod in h.pods:
             names = [call_name(e) for e in ok_calls(h.engine_log(pod))]
             moving = names[names.index("withdraw") :]  # (the first admit is the initial weights')
             assert moving.index("resume") < moving.index("admit"), names
-            resumed = next(e["order"] for e in ok_calls(h.engine_log(pod)) if call_name(e) == "resume")
-            opened = [order for name, status, order in written if name == pod and status == "True"]
-            assert len(opened) == 1 and opened[0] < resumed, (pod, written)
         assert all(h.served(p) == (1, 1, False) for p in h.pods)
         assert h.revision_status("step-1")["phase"] == "Succeeded"
 
 
-async def test_a_gate_opened_beside_a_resume_that_failed_is_closed_again(tmp_path: pathlib.Path) -> None:
+async def test_a_gate_opened_at_the_barrier_is_closed_again_when_the_resume_fails(tmp_path: pathlib.Path) -> None:
     """The other side of the rule above: a resume that fails leaves its pod paused and un-admitted, and the
-    gate opened beside it says the pod serves: it is closed at once (not at the end of the pass), and opened
-    again only once the retried resume succeeded."""
+    gate opened at the barrier says its weights are ready: it is closed at once (not at the end of the pass),
+    and opened again only once the retried resume succeeded."""
     async with harness(tmp_path, replicas=3, max_retries=2) as h:
         flaky = "policy-1"
         h.engine(flaky).add_fault(FaultRule(step="resume", kind=FaultKind.HTTP_ERROR, status=500, count=1))
@@ -215,3 +230,35 @@ async def test_a_gate_opened_beside_a_resume_that_failed_is_closed_again(tmp_pat
                 assert [status for name, status, _ in written if name == pod] == ["False", "True"]
         assert all(h.served(p) == (1, 1, False) for p in h.pods)
         assert h.revision_status("step-1")["phase"] == "Succeeded"
+
+
+async def test_gates_opened_at_the_barrier_close_before_a_rollback_loads_anything(tmp_path: pathlib.Path) -> None:
+    """Gates opened at the barrier belong to the revision's verified pair: when the revision fails instead (one
+    pod cannot load it), every one of them is closed before any pod loads the previous revision again."""
+    async with harness(tmp_path, replicas=3, max_retries=0) as h:
+        h.apply_revision("step-1", 1)
+        await h.settle()
+        slow, others = "policy-2", ["policy-0", "policy-1"]
+        gate = h.hold_loads(slow)
+        written = _record_gates(h)
+
+        async def fail_the_slow_pod_once_the_others_are_open() -> None:
+            await h.wait_for(others, lambda log: bool(loads(log, revision=2)) and loaded(log))
+            for _ in range(5000):
+                if all((p, "True") in {(n, st) for n, st, _ in written} for p in others):
+                    break
+                await asyncio.sleep(0.002)
+            rule = FaultRule(step="rolloutfleet_load", kind=FaultKind.HTTP_ERROR, status=500, count=1)
+            h.engine(slow).add_fault(rule)
+            gate.set()
+
+        h.apply_revision("step-2", 2)
+        await asyncio.gather(h.settle(), fail_the_slow_pod_once_the_others_are_open())
+        assert h.revision_status("step-2")["phase"] == "RolledBack"
+        for pod in others:
+            statuses = [(status, order) for name, status, order in written if name == pod]
+            opened = next(order for status, order in statuses if status == "True")
+            closed = next(order for status, order in statuses if status == "False" and order > opened)
+            back = [e["order"] for e in loads(h.engine_log(pod), revision=1) if e["order"] > opened]
+            assert back and closed < min(back), (pod, statuses, back)
+            assert h.served(pod) == (1, 1, False), pod
