@@ -395,6 +395,14 @@ def follower_main(kubeconfig: str, index: int, procs: int, latency_file: str) ->
 # -- /proc and /metrics ----------------------------------------------------------------------------------------
 
 
+def default_engine_procs(cores: int) -> int:
+    """Half the machine's cores, at least 1 and at most 8. One follower process serving 1,024 engines answers
+    the fleet's bursts late (on 16 cores its engines took 0.63-0.89 s for a 0.5 s draft load), and the lower
+    bound assumes engines that take their configured time; on 2 cores more processes only share the same
+    cores with the operator and the control plane (bench/results/rollout_overhead_16_cores.md)."""
+    return max(1, min(8, cores // 2))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -1179,7 +1187,12 @@ def main() -> int:
         help="comma-separated <uniform|longtail|zero>-<allatonce|rolling>-<sleep|inflight>; 'none' for none",
     )
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--engine-procs", type=int, default=1, help="follower processes serving the engines")
+    parser.add_argument(
+        "--engine-procs",
+        type=int,
+        default=default_engine_procs(os.cpu_count() or 1),
+        help="follower processes serving the engines (default: half the cores, 1 to 8)",
+    )
     parser.add_argument("--profile", action="store_true", help="sample the operator with py-spy per scenario")
     parser.add_argument("--soak-revisions", type=int, default=0, help="then N zero-latency revisions back to back")
     parser.add_argument("--subnet-offset", type=int, default=0, help="first fake node's 127.1.<offset>.0/24")

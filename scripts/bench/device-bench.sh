@@ -27,6 +27,8 @@
 # its log in $OUT/bench.log and, when it fails, the operator's and followers' log tails in
 # $OUT/failure-logs.txt; under `timeout -s INT` (BENCH_TIMEOUT, default 560 s: one call is at most 10 minutes;
 # SIGINT lets the bench stop its cluster and write the partial report). 64 pods take under a minute here.
+# The bench serves the engines from half the cores' worth of follower processes (8 here): one process serving
+# 1,024 engines answered late and inflated the walls measured before 2026-12-03's last session by 2-3 s.
 # The operator and the followers are started with sys.executable and inherit PYTHONPATH, so no console script
 # or .venv is needed, and no Go: binaries.ensure() asks for it only when a binary is missing. --profile does not
 # work on the device: it looks for py-spy beside python3, and no py-spy is carried.
