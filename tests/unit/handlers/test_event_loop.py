@@ -9,12 +9,11 @@ the operator with one line before kopf starts) and that ``rolloutfleet run`` sta
 from __future__ import annotations
 
 import asyncio
-import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
+import run_cli
 import uvloop
 
 from rolloutfleet.handlers import event_loop
@@ -52,44 +51,20 @@ def test_without_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
         event_loop.choose({event_loop.ENV: "uvloop"})
 
 
-def _kubeconfig(tmp_path: pathlib.Path) -> pathlib.Path:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
-        "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {token: t}}]\n"
-    )
-    return kubeconfig
-
-
-def _env(tmp_path: pathlib.Path, **extra: str) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", event_loop.ENV)}
-    return {**base, "KUBECONFIG": str(_kubeconfig(tmp_path)), **extra}
-
-
 def test_a_bad_value_stops_run_before_kopf_starts(tmp_path: pathlib.Path) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "rolloutfleet.cli", "run", "--standalone", "--liveness", ""],
-        env=_env(tmp_path, **{event_loop.ENV: "trio"}),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1, out.stderr
-    assert lines[0].startswith(f"rolloutfleet run: {event_loop.ENV}='trio'")
+    line = run_cli.refused_line(tmp_path, {event_loop.ENV: "trio"}, drop=(event_loop.ENV,))
+    assert line.startswith(f"rolloutfleet run: {event_loop.ENV}='trio'")
 
 
 @pytest.mark.parametrize("asked", ["", "asyncio"])
 async def test_run_starts_on_the_loop_chosen(tmp_path: pathlib.Path, asked: str) -> None:
     """``rolloutfleet run`` says which loop it runs on before kopf starts (kopf then retries its login to
     the unreachable API server until the process is stopped)."""
-    env = _env(tmp_path, **({event_loop.ENV: asked} if asked else {}))
+    env = run_cli.environment(tmp_path, {event_loop.ENV: asked} if asked else {}, drop=(event_loop.ENV,))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *("-m", "rolloutfleet.cli", "run", "--standalone", "--liveness", "", "--metrics-port", "0"),
+        *run_cli.COMMAND,
+        "--metrics-port",
+        "0",
         env=env,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,

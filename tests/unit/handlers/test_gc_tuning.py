@@ -10,14 +10,12 @@ the collector takes is counted and exported.
 from __future__ import annotations
 
 import gc
-import os
 import pathlib
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import prometheus_client as prom
 import pytest
+import run_cli
 
 from rolloutfleet.handlers import gc_tuning
 from rolloutfleet.metrics import Metrics
@@ -95,22 +93,5 @@ def test_the_clock_counts_collections_by_generation_and_is_exported() -> None:
 
 
 def test_a_bad_threshold_stops_run_before_kopf_starts(tmp_path: pathlib.Path) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
-        "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {token: t}}]\n"
-    )
-    base = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST",)}
-    out = subprocess.run(
-        [sys.executable, "-m", "rolloutfleet.cli", "run", "--standalone", "--liveness", ""],
-        env={**base, "KUBECONFIG": str(kubeconfig), gc_tuning.ENV: "7000,10"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1, out.stderr
-    assert lines[0].startswith(f"rolloutfleet run: {gc_tuning.ENV}='7000,10'")
+    line = run_cli.refused_line(tmp_path, {gc_tuning.ENV: "7000,10"})
+    assert line.startswith(f"rolloutfleet run: {gc_tuning.ENV}='7000,10'")
