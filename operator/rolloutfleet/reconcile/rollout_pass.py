@@ -700,9 +700,7 @@ class RolloutPass:
             log.info("pod %s: not resumed: %s; reading it again", pod, held)
             self._leave_batch(pod)
             self.stale.add(pod)
-            if opened_early:
-                self.opened_early.discard(pod)
-                await self._route(pod, False, "NotServingFleetWeights", f"not resumed: {held}")
+            await self._close_unresumed(pod, opened_early, f"not resumed: {held}")
             return
         except executor.StepError as exc:
             self._leave_batch(pod)
@@ -715,9 +713,7 @@ class RolloutPass:
             self.stale.add(pod)  # after a failure, only the engine can say where it is
             self.verified.discard(pod)
             log.warning("pod %s: %s", pod, exc)
-            if opened_early:
-                self.opened_early.discard(pod)
-                await self._route(pod, False, "NotServingFleetWeights", f"{exc.reason}: {exc}")
+            await self._close_unresumed(pod, opened_early, f"{exc.reason}: {exc}")
             await asyncio.sleep(min(2.0, 0.1 * 2 ** self._attempts(pod)))  # back off before the retry
             return
         finally:
@@ -839,6 +835,13 @@ class RolloutPass:
         elif pod in self.opened_early:
             self.opened_early.discard(pod)
             self._gate_beside(pod, False, "NotServingFleetWeights", decision.reason or "not at the goal")
+
+    async def _close_unresumed(self, pod: str, opened_early: bool, why: str) -> None:
+        """A resume that did not happen: a gate opened at the barrier closes at once, not when the pod is next
+        decided (a retried resume is decided Resume again, and would keep it open meanwhile)."""
+        if opened_early:
+            self.opened_early.discard(pod)
+            await self._route(pod, False, "NotServingFleetWeights", why)
 
     def _gate_beside(self, pod: str, value: bool, reason: str, message: str) -> None:
         """Write the pod's gate without waiting for it; the pod's next ``_route`` waits for this write."""

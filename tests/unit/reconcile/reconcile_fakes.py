@@ -225,13 +225,38 @@ class Harness:
 
         ``give_up`` seconds only bound a test that would otherwise hang; they never decide an outcome.
         """
+
+        def reached() -> bool:
+            return all(predicate(self.engine_log(p)) for p in pods)
+
+        try:
+            await self.until(reached, "the engines' awaited state", give_up)
+        except AssertionError:
+            raise AssertionError(
+                f"engines never reached the awaited state: {[p for p in pods if not predicate(self.engine_log(p))]}"
+            ) from None
+
+    async def until(self, condition: Callable[[], bool], what: str, give_up: float = 10.0) -> None:
+        """Until ``condition()`` holds, looked at every 2 ms; ``give_up`` seconds only bound a test that would
+        otherwise hang (an AssertionError naming ``what``)."""
         for _ in range(int(give_up / 0.002)):
-            if all(predicate(self.engine_log(p)) for p in pods):
+            if condition():
                 return
             await asyncio.sleep(0.002)
-        raise AssertionError(
-            f"engines never reached the awaited state: {[p for p in pods if not predicate(self.engine_log(p))]}"
-        )
+        raise AssertionError(f"never reached: {what}")
+
+    def record_gates(self) -> list[tuple[str, str, int]]:
+        """(pod, status, engine-log order when the write returned) of every readiness-gate write from now on:
+        places the operator's Kubernetes writes among the engines' calls."""
+        written: list[tuple[str, str, int]] = []
+        real_patch = self.kube.patch_pod_condition
+
+        async def patch(namespace: str, name: str, condition: Manifest, *, uid: str | None = None) -> None:
+            await real_patch(namespace, name, condition, uid=uid)
+            written.append((name, condition["status"], self.next_order()))
+
+        self.kube.patch_pod_condition = patch  # type: ignore[method-assign]
+        return written
 
     async def reconcile_fleet(self) -> fleet_reconcile.FleetOutcome:
         body = self.kube.peek(common.API_VERSION, "RolloutFleet", self.namespace, self.fleet)

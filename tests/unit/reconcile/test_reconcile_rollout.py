@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
-from typing import Any
 
 import pytest
 from reconcile_fakes import (
     WRONG_DIGEST,
-    Harness,
     arrivals,
     call_name,
     condition,
@@ -164,19 +162,6 @@ async def test_corrupt_checkpoint_rolls_back_and_never_serves_unverified_weights
         assert h.revision_status("step-1")["phase"] == "Succeeded"
 
 
-def _record_gates(h: Harness) -> list[tuple[str, str, int]]:
-    """(pod, status, engine-log order when the write returned) for every gate write from now on."""
-    written: list[tuple[str, str, int]] = []
-    real_patch = h.kube.patch_pod_condition
-
-    async def patch(namespace: str, name: str, condition: dict[str, Any], *, uid: str | None = None) -> None:
-        await real_patch(namespace, name, condition, uid=uid)
-        written.append((name, condition["status"], h.next_order()))
-
-    h.kube.patch_pod_condition = patch  # type: ignore[method-assign]
-    return written
-
-
 async def test_all_at_once_opens_each_gate_at_the_barrier_and_admits_after_the_resume(tmp_path: pathlib.Path) -> None:
     """AllAtOnce, engines with admission: a pod's gate opens as soon as it waits at the barrier on verified
     weights, so the fleet's gate writes overlap the barrier and the resumes instead of following them (issue
@@ -188,14 +173,11 @@ async def test_all_at_once_opens_each_gate_at_the_barrier_and_admits_after_the_r
         slow, others = "policy-2", ["policy-0", "policy-1"]
         gate = h.hold_loads(slow)
         h.mark_arrivals("wake_up:kv_cache")
-        written = _record_gates(h)
+        written = h.record_gates()
 
         async def release_when_the_others_are_open() -> None:
             await h.wait_for(others, loaded)
-            for _ in range(5000):
-                if all((p, "True") in {(n, st) for n, st, _ in written} for p in others):
-                    break
-                await asyncio.sleep(0.002)
+            await h.until(lambda: all((p, "True") in {(n, st) for n, st, _ in written} for p in others), "gates open")
             gate.set()
 
         h.apply_revision("step-1", 1)
@@ -221,7 +203,7 @@ async def test_a_gate_opened_at_the_barrier_is_closed_again_when_the_resume_fail
     async with harness(tmp_path, replicas=3, max_retries=2) as h:
         flaky = "policy-1"
         h.engine(flaky).add_fault(FaultRule(step="resume", kind=FaultKind.HTTP_ERROR, status=500, count=1))
-        written = _record_gates(h)
+        written = h.record_gates()
         h.apply_revision("step-1", 1)
         await h.settle()
         assert [status for name, status, _ in written if name == flaky] == ["False", "True", "False", "True"]
@@ -240,14 +222,11 @@ async def test_gates_opened_at_the_barrier_close_before_a_rollback_loads_anythin
         await h.settle()
         slow, others = "policy-2", ["policy-0", "policy-1"]
         gate = h.hold_loads(slow)
-        written = _record_gates(h)
+        written = h.record_gates()
 
         async def fail_the_slow_pod_once_the_others_are_open() -> None:
             await h.wait_for(others, lambda log: bool(loads(log, revision=2)) and loaded(log))
-            for _ in range(5000):
-                if all((p, "True") in {(n, st) for n, st, _ in written} for p in others):
-                    break
-                await asyncio.sleep(0.002)
+            await h.until(lambda: all((p, "True") in {(n, st) for n, st, _ in written} for p in others), "gates open")
             rule = FaultRule(step="rolloutfleet_load", kind=FaultKind.HTTP_ERROR, status=500, count=1)
             h.engine(slow).add_fault(rule)
             gate.set()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
-from typing import Any
 
 import pytest
 from kube_fakes import FakeCall
@@ -27,20 +26,13 @@ async def test_all_at_once_pauses_without_waiting_for_the_fleet_s_gate_writes(tm
     withdrawn (its readiness probe fails) in its pause's own request, before it pauses, and each pod's gate is
     closed before it is opened again."""
     async with harness(tmp_path, replicas=4, mode="inflight") as h:
-        written: list[tuple[str, str, int]] = []  # (pod, status, engine-log order when the write returned)
+        written = h.record_gates()
 
         async def slow_gate(call: FakeCall) -> None:
             if call.verb == "patch_status" and call.kind == "Pod" and call.name == "policy-2":
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.5)  # the API server's answer for this pod's gate is slow
 
         h.kube.before_call = slow_gate
-        real_patch = h.kube.patch_pod_condition
-
-        async def patch(namespace: str, name: str, condition: dict[str, Any], *, uid: str | None = None) -> None:
-            await real_patch(namespace, name, condition, uid=uid)
-            written.append((name, condition["status"], h.next_order()))
-
-        h.kube.patch_pod_condition = patch  # type: ignore[method-assign]
         h.apply_revision("step-1", 1)
         await h.settle()
         logs = h.logs()
