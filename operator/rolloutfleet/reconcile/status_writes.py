@@ -77,12 +77,14 @@ async def finalize(
     *,
     warn: bool = False,
     failures: list[PodFailure] | None = None,
+    over: WeightRevisionStatus | None = None,
 ) -> None:
     """Give ``rev`` its final phase, with one event and one metric increment (once: repeated calls with the
-    same phase and reason write nothing). ``failures``: per-pod entries to record with it."""
+    same phase and reason write nothing). ``failures``: per-pod entries to record with it; ``over``: the
+    pass's last progress, written in the same request (else the stored status is the base)."""
     if rev.status.phase == phase and rev.status.reason == reason:
         return
-    new = revision_status.finalized(rev.status, phase, reason, message, generation(rev.body))
+    new = revision_status.finalized(over or rev.status, phase, reason, message, generation(rev.body))
     if failures is not None:
         new = new.model_copy(update={"failures": failures})
     if not await write_revision(ctx, rev, new):

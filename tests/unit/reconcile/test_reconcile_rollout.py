@@ -11,6 +11,7 @@ import asyncio
 import pathlib
 
 import pytest
+from kube_fakes import FakeCall
 from reconcile_fakes import (
     WRONG_DIGEST,
     arrivals,
@@ -25,6 +26,7 @@ from reconcile_fakes import (
     served_revisions,
 )
 
+from rolloutfleet.reconcile import rollout_pass
 from rolloutfleet.sim.config import FaultKind, FaultRule
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60), pytest.mark.both_loops]  # a hang fails, never blocks the run
@@ -241,3 +243,34 @@ async def test_gates_opened_at_the_barrier_close_before_a_rollback_loads_anythin
             back = [e["order"] for e in loads(h.engine_log(pod), revision=1) if e["order"] > opened]
             assert back and closed < min(back), (pod, statuses, back)
             assert h.served(pod) == (1, 1, False), pod
+
+
+async def test_the_final_phase_is_one_write_that_carries_the_last_progress(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the last resume and Succeeded each write of the revision is one more round trip on the rollout's
+    critical path (issue 18: a forced progress write, then the phase's own, at 1,024 pods on 16 cores). The
+    pass's last progress rides on the final phase's write: after the last resume the revision is written once,
+    and that write shows every pod done. The progress writes that run beside the steps are switched off here
+    (they are throttled, and where one lands depends on timing): every write seen is one the pass waits for."""
+
+    async def not_beside_the_steps(self: rollout_pass.RolloutPass) -> None:
+        return None
+
+    monkeypatch.setattr(rollout_pass.RolloutPass, "_write_in_background", not_beside_the_steps)
+    async with harness(tmp_path, replicas=3) as h:
+        written: list[tuple[int, dict[str, object]]] = []
+
+        async def record(call: FakeCall) -> None:
+            if call.verb == "patch_status" and call.kind == "WeightRevision" and call.body is not None:
+                written.append((h.next_order(), call.body["status"]))
+
+        h.kube.before_call = record
+        h.apply_revision("step-1", 1)
+        await h.settle()
+        last_resume = max(e["order"] for log in h.logs().values() for e in ok_calls(log) if call_name(e) == "resume")
+        after = [status for order, status in written if order > last_resume]
+        assert [status.get("phase") for status in after] == ["Succeeded"], after
+        final = h.revision_status("step-1")
+        assert [p["step"] for p in final["pods"]] == ["Done"] * 3, final["pods"]
+        assert final["phase"] == "Succeeded" and final["updated"] == "3/3"
