@@ -26,7 +26,6 @@ from rolloutfleet.reconcile import fanout
 log = logging.getLogger(__name__)
 # The extension's answers that say the checkpoint cannot be loaded (worker_image/README.md).
 CHECKPOINT_CODES = frozenset({"invalid_path", "io", "incomplete", "no_draft", "invalid_target"})
-CONCURRENCY = 64  # pre-flights are headers only; this only bounds open connections on large fleets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +60,7 @@ async def check(goal: Goal, pods: Sequence[str], clients: Mapping[str, EngineCli
                 log.info("pod %s: no pre-flight of the %s: %s", pod, target, answer)
         return refusals
 
-    answers = await fanout.bounded((one(pod) for pod in pods), CONCURRENCY)
+    answers = await fanout.bounded((one(pod) for pod in pods), fanout.LIMIT)
     return [refusal for refusals in answers for refusal in refusals]
 
 
