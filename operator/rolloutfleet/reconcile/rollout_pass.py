@@ -157,8 +157,9 @@ class RolloutPass:
         self.decided_goal: Goal | None = None  # the goal (with reference digests) decisions were made for
         self.tally: verification.DigestTally | None = None  # the pods' votes for the goal's reference digests
         self.verified: set[str] = set()  # pods read from the engine when they were ready to resume or done
-        self.decisions: dict[str, Decision] = {}
-        self.done: set[str] = set()  # the pods whose decision is Done (``_observe`` keeps it)
+        self.decisions: dict[str, Decision] = {}  # set through ``_set_decision`` only
+        self.by_step = rollout.StepTally()  # the decisions by step, for ``rollout.admit``
+        self.done = self.by_step.at[Step.DONE]  # the pods whose decision is Done (the tally keeps it)
         self.messages: dict[str, str] = {}
         self.reasons: dict[str, str] = {}
         self.last_write = 0.0
@@ -315,6 +316,7 @@ class RolloutPass:
                 gate_open=self._probe_gate_open(),
                 inflight=self.inflight,
                 unavailable=self.pods.not_routed | self.pods.starting,
+                tally=self.by_step,
             )
             # (A resume reads its engine itself, right before it resumes it: ``_still_ready``.)
             chosen = {p: d for p, d in chosen.items() if p not in self.restarted}  # gone: the next pass sees
@@ -465,17 +467,19 @@ class RolloutPass:
                 continue  # its decision is the step it is running
             self.changed.discard(pod)
             decision = self._decide(pod, goal, now)
-            self.decisions[pod] = decision
-            if decision.step is Step.DONE:  # (the only place a pod's decision becomes, or stops being, Done)
-                self.done.add(pod)
-            else:
-                self.done.discard(pod)
+            self._set_decision(pod, decision)
+            if decision.step is not Step.DONE:
                 self._open_at_barrier(pod, decision)
         for pod in read:
             self._record_staging(pod)
         # (The fleet status gets the states when it is written, ``_remember_states``: copying them for it at
         # every iteration was a tenth of the operator's CPU at 1,024 pods, Rolling.)
         return set(read)
+
+    def _set_decision(self, pod: str, decision: Decision) -> None:
+        """The one place a pod's decision is set: the tally (and with it the Done set) follows."""
+        self.by_step.move(pod, self.decisions.get(pod), decision)
+        self.decisions[pod] = decision
 
     def _to_read(self) -> list[str]:
         """The pods whose state must be read now, in the fleet's order."""
@@ -723,7 +727,7 @@ class RolloutPass:
         unlimited = self.plan.max_concurrent_loads is None
         steps = transaction.chain(self.decided_goal or self.goal, self.states[pod], decision.step, loads=unlimited)
         if len(steps) > 1:  # the status shows the step that takes the time (a load, a commit)
-            self.decisions[pod] = Decision(steps[-1], decision.reason)
+            self._set_decision(pod, Decision(steps[-1], decision.reason))
         try:
             async with limit:
                 done = await executor.execute_chain(self.clients[pod], steps, self.goal, timeouts, session)
@@ -738,7 +742,7 @@ class RolloutPass:
         except executor.StepError as exc:
             self._leave_batch(pod)
             self._confirm(pod)  # a failed open: this pod has no session of the epoch to wait for
-            self.decisions[pod] = Decision(exc.step, decision.reason)  # the step of a chain that failed
+            self._set_decision(pod, Decision(exc.step, decision.reason))  # the step of a chain that failed
             self._fail(pod, exc.reason, str(exc))
             if decision.step in (Step.END_SESSION, Step.ABANDON_SESSION) and session.session is not None:
                 outcome = "abandoned" if decision.step == Step.ABANDON_SESSION else "failed"

@@ -205,5 +205,12 @@ def test_the_fast_admit_decides_as_the_rules_read_on_random_fleets() -> None:
         kw = {"gate_open": gate_open, "inflight": inflight, "unavailable": unavailable}
         fast = rollout.admit(fleet, order, budget, **kw)  # type: ignore[arg-type]
         assert list(fast.items()) == list(_admit_by_the_rules(fleet, order, budget, **kw).items()), (fleet, order, kw)  # type: ignore[arg-type]
+        # The same with a tally kept as a pass keeps it: each pod moved from an earlier decision (or none).
+        before = {p: Decision(rng.choice(list(Step))) for p in fleet if rng.random() < 0.7}
+        kept = rollout.StepTally.of(before)
+        for p, d in fleet.items():
+            kept.move(p, before.get(p), d)
+        assert kept.at == rollout.StepTally.of(fleet).at
+        assert list(rollout.admit(fleet, order, budget, tally=kept, **kw).items()) == list(fast.items())  # type: ignore[arg-type]
         chose += bool(fast)
     assert chose > 1000  # the cases exercise choosing, not only the early return
