@@ -98,6 +98,12 @@ CONDITIONS_LIST_EXTRA: JsonDict = {
     "x-kubernetes-list-type": "map",
     "x-kubernetes-list-map-keys": ["type"],
 }
+# The statuses' per-pod lists, one entry per pod of the fleet, written whole by the operator alone (merge
+# patches replace lists anyway). Atomic, not a map keyed by pod: the API server tracks every key of a map in
+# managedFields, on every write of the object, whatever the write changes. At 1,024 pods one write of a
+# RolloutFleet's targetRevision took 388 ms and 664 ms of the API server's CPU as a map, 146 ms and 223 ms
+# atomic, the object 306 KB against 144 KB (bench/results/fleet_status_write_cost.md; issue 18).
+PER_POD_LIST_EXTRA: JsonDict = {"x-kubernetes-list-type": "atomic"}
 
 
 class LocalObjectReference(WireModel):

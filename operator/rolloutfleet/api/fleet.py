@@ -540,8 +540,8 @@ class RolloutFleetStatus(WireModel):
     )
     pods: list[PodState] = Field(
         default_factory=list,
-        description="Per-pod state.",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description="Per-pod state, one entry per pod.",
+        json_schema_extra=common.PER_POD_LIST_EXTRA,
     )
     conditions: list[Condition] = Field(
         default_factory=list,

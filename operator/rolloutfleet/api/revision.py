@@ -266,8 +266,8 @@ class PushGroupStatus(WireModel):
     world_size: int = Field(ge=2, description="Ranks of the group: the trainer and every engine worker.")
     ranks: list[PushGroupRank] = Field(
         default_factory=list,
-        description="Each engine's ranks, in pod ordinal order.",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["pod"]},
+        description="Each engine's ranks, in pod ordinal order, one entry per pod.",
+        json_schema_extra=common.PER_POD_LIST_EXTRA,
     )
     formed: bool = Field(
         default=False,
@@ -282,8 +282,8 @@ class PushStatus(WireModel):
     epoch: int = Field(default=0, description="The newest complete set of sessions the operator opened.")
     sessions: list[PushSessionStatus] = Field(
         default_factory=list,
-        description="Open sessions waiting for the trainer (complete epochs only).",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["pod"]},
+        description="Open sessions waiting for the trainer (complete epochs only), one entry per pod.",
+        json_schema_extra=common.PER_POD_LIST_EXTRA,
     )
     group: PushGroupStatus | None = Field(
         default=None, description="NCCL only: the transfer group the sessions belong to (the trainer is rank 0)."
@@ -306,8 +306,8 @@ class WeightRevisionStatus(WireModel):
     completion_time: datetime.datetime | None = Field(default=None, description="When it ended.")
     pods: list[PodProgress] = Field(
         default_factory=list,
-        description="Per-pod progress.",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description="Per-pod progress, one entry per pod.",
+        json_schema_extra=common.PER_POD_LIST_EXTRA,
     )
     parity_probe: ParityProbeResult | None = Field(default=None, description="Result of the parity probe, if any.")
     push: PushStatus | None = Field(default=None, description="Pushed revisions: sessions open for the trainer.")

@@ -126,3 +126,30 @@ def test_the_category_shadows_no_resource_name() -> None:
     categories = {c for crd in crds for c in crd["spec"]["names"]["categories"]}
     assert categories == {crdgen.CATEGORY}
     assert not categories & taken
+
+
+def test_the_statuses_per_pod_lists_are_atomic() -> None:
+    # One entry per pod, written whole by the operator alone. As maps keyed by pod, every key was tracked in
+    # managedFields on every write of the object: at 1,024 pods a one-field write of a RolloutFleet's status
+    # took 388 ms (664 ms of the API server's CPU) against 146 ms atomic (bench/results/
+    # fleet_status_write_cost.md), and a revision's pass makes two of them on its critical path.
+    crds = crdgen.custom_resource_definitions()
+
+    def status(name: str) -> dict[str, Any]:
+        root = crds[name]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        return dict(root["properties"]["status"]["properties"])
+
+    fleet_status, revision_status = (
+        status("rolloutfleet.io_rolloutfleets.yaml"),
+        status("rolloutfleet.io_weightrevisions.yaml"),
+    )
+    push = revision_status["push"]["properties"]
+    per_pod = {
+        "RolloutFleet status.pods": fleet_status["pods"],
+        "WeightRevision status.pods": revision_status["pods"],
+        "WeightRevision status.push.sessions": push["sessions"],
+        "WeightRevision status.push.group.ranks": push["group"]["properties"]["ranks"],
+    }
+    for where, node in per_pod.items():
+        assert node["x-kubernetes-list-type"] == "atomic", where
+        assert "x-kubernetes-list-map-keys" not in node, where

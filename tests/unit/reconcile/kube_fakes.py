@@ -159,7 +159,9 @@ class FakeKube:
                 "please apply your changes to the latest version and try again",
             )
         new_status = merge_patch(obj.get("status") or {}, copy.deepcopy(status))
-        # Like the API server's list-map validation (x-kubernetes-list-map-keys): a key twice is a 422.
+        # Like the API server's list-map validation (x-kubernetes-list-map-keys): a key twice is a 422. The
+        # per-pod lists are atomic on the server (api.common.PER_POD_LIST_EXTRA) and still checked here: the
+        # operator's writers must never name a pod twice.
         for field, key in (("pods", "name"), ("failures", "name"), ("timings", "step"), ("conditions", "type")):
             keys = [e.get(key) for e in new_status.get(field) or [] if isinstance(e, dict)]
             if len(keys) != len(set(keys)):
