@@ -1,7 +1,7 @@
 """``bounded``: many engine calls at once, at most ``limit`` in flight.
 
-Called by ``reconcile.rollout_pass`` and ``reconcile.revision`` (a pass's engine reads) and by
-``reconcile.preflight``. Each call takes milliseconds, but sent all together to thousands of engines they
+Called by ``reconcile.rollout_pass`` (a pass's engine reads, each pre-flight with the read that follows it)
+and ``reconcile.revision``. Each call takes milliseconds, but sent all together to thousands of engines they
 queue behind each other (4,096 reads timed out inside one simulator process: bench/results/
 rollout_overhead.md), and every one of them holds a connection.
 """
@@ -15,7 +15,8 @@ from typing import TypeVar
 T = TypeVar("T")
 # Engine calls in flight at once, for reads and pre-flights alike. Sent all together, 4,096 reads queued
 # behind each other in the engines' host (one simulator process) and timed out as "unreachable"; pre-flights
-# bounded at 64 took twice as long as the first read at 512 (1,024 pods on 16 cores: 0.30 s, issue 18).
+# bounded at 64 took twice as long as the first read at 512 (1,024 pods on 16 cores: 0.30 s against 0.15 s,
+# issue 18).
 LIMIT = 512
 
 

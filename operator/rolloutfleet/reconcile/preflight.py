@@ -1,6 +1,7 @@
 """Pre-flight: before any pod leaves service for a revision, the engines check its checkpoints.
 
-Called by ``reconcile.rollout_pass`` once per revision, before its first step. Each engine is asked
+Called by ``reconcile.rollout_pass`` once per revision, before its first step (``check_pod``, each engine's
+first read following its own pre-flight on the same connection). Each engine is asked
 (``rolloutfleet_preflight``, headers and sizes only, no tensor bytes) whether its load of the verifier and
 draft could succeed: every file there, readable under the fleet's allowed roots, enough elements for the
 model. A checkpoint that is missing, unreadable or too small for the model is found while every pod still
@@ -15,13 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
 
 from rolloutfleet.adapters import engine_wire
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.api.engine import Target
 from rolloutfleet.planning.transaction import Goal
-from rolloutfleet.reconcile import fanout
 
 log = logging.getLogger(__name__)
 # The extension's answers that say the checkpoint cannot be loaded (worker_image/README.md).
@@ -38,30 +37,30 @@ class Refusal:
     message: str
 
 
-async def check(goal: Goal, pods: Sequence[str], clients: Mapping[str, EngineClient], deadline: float) -> list[Refusal]:
-    """Ask every engine about the goal's checkpoints; the refusals about the checkpoints (empty: go)."""
-    # Pushed targets have no checkpoint to check: the trainer's digest and the session verify them.
-    targets: list[tuple[Target, str]] = [(Target.VERIFIER, goal.verifier_path)] if goal.verifier_path else []
+def targets(goal: Goal) -> list[tuple[Target, str]]:
+    """The checkpoints of ``goal`` an engine can check: (target, path); pushed targets have none (the
+    trainer's digest and the session verify them)."""
+    out: list[tuple[Target, str]] = [(Target.VERIFIER, goal.verifier_path)] if goal.verifier_path else []
     if goal.draft_path is not None:
-        targets.append((Target.DRAFT, goal.draft_path))
-    if not targets:
+        out.append((Target.DRAFT, goal.draft_path))
+    return out
+
+
+async def check_pod(pod: str, client: EngineClient, checks: list[tuple[Target, str]], deadline: float) -> list[Refusal]:
+    """One engine's refusals of ``checks`` (``targets``); both in one request where it can."""
+    if not checks:
         return []
-
-    async def one(pod: str) -> list[Refusal]:
-        refusals = []
-        answers = await clients[pod].preflights(targets, deadline=deadline)  # both in one request where it can
-        for (target, _), answer in zip(targets, answers, strict=True):
-            if isinstance(answer, engine_wire.EngineRPCError):
-                if answer.code in CHECKPOINT_CODES:
-                    refusals.append(Refusal(pod, target, answer.code, answer.message))
-                else:
-                    log.info("pod %s: pre-flight of the %s not conclusive: %s", pod, target, answer)
-            elif isinstance(answer, engine_wire.EngineError):  # unreachable, an older image (no such RPC), a 500
-                log.info("pod %s: no pre-flight of the %s: %s", pod, target, answer)
-        return refusals
-
-    answers = await fanout.bounded((one(pod) for pod in pods), fanout.LIMIT)
-    return [refusal for refusals in answers for refusal in refusals]
+    refusals = []
+    answers = await client.preflights(checks, deadline=deadline)
+    for (target, _), answer in zip(checks, answers, strict=True):
+        if isinstance(answer, engine_wire.EngineRPCError):
+            if answer.code in CHECKPOINT_CODES:
+                refusals.append(Refusal(pod, target, answer.code, answer.message))
+            else:
+                log.info("pod %s: pre-flight of the %s not conclusive: %s", pod, target, answer)
+        elif isinstance(answer, engine_wire.EngineError):  # unreachable, an older image (no such RPC), a 500
+            log.info("pod %s: no pre-flight of the %s: %s", pod, target, answer)
+    return refusals
 
 
 def summary(refusals: list[Refusal], total: int) -> str:

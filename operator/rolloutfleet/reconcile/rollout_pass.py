@@ -170,8 +170,8 @@ class RolloutPass:
         self.fleet_labels = (str(meta["namespace"]), str(meta["name"]))
         self.probe_result: ParityProbeResult | None = None
         self.reads = 0
-        # The first read, sent beside the pre-flight (``_preflight_refused``): the pods it reads and its answers.
-        self.first_read: tuple[list[str], asyncio.Task[list[engine.EngineState]]] | None = None
+        # The first read, made with the pre-flight (``_preflight_refused``): the pods it read and its answers.
+        self.first_read: tuple[list[str], list[engine.EngineState]] | None = None
         self.timing = {"start": time.monotonic(), "iterations": 0, "observe": 0.0, "steps": 0.0, "status": 0.0}
         # Staging (docs/staging.md): what each pod's staging came to, for the status (seeded from it).
         self.staging = staging.seeded(self.rev.status.pods) if self.rev is not None else {}
@@ -197,7 +197,6 @@ class RolloutPass:
                 return PassOutcome(again=True, idle=False)
             return await self._iterations()
         finally:
-            await self._take_first_read(None)  # (a pre-flight that refused: its read is not needed)
             for task in self.inflight.values():  # only after an error: every normal exit drains first
                 task.cancel()
             await asyncio.gather(*self.inflight.values(), return_exceptions=True)
@@ -246,12 +245,25 @@ class RolloutPass:
         if self.memory.preflight_passed.get(self.key):
             return False
         deadline = float(self.spec.update_strategy.timeouts.verify_seconds)
-        # The first read goes out beside the pre-flight: both only read, and when the pre-flight lets the
-        # revision go its answers are what the pass starts from (1,024 pods on 16 cores: 0.15 s after a
-        # 0.30 s pre-flight, issue 18).
-        first = self._to_read()
-        self.first_read = (first, asyncio.create_task(self._read(first)))
-        refusals = await preflight.check(self.goal, self.order, self.clients, deadline)
+        # Each engine is read right after its own pre-flight answered (one request at a time per engine, on
+        # the connection the pre-flight opened): both only read, and when the pre-flight lets the revision
+        # go those answers are what the pass starts from. One after the other for the whole fleet, 1,024 pods
+        # on 16 cores took 0.30 s and then 0.15 s; the two fan-outs side by side, two requests at once to
+        # each engine, took 0.57 s (issue 18).
+        checks, first = preflight.targets(self.goal), self._to_read()
+        reading = set(first)
+
+        async def check_then_read(pod: str) -> tuple[list[preflight.Refusal], engine.EngineState | None]:
+            refusals = await preflight.check_pod(pod, self.clients[pod], checks, deadline)
+            return refusals, (await self.clients[pod].observe() if pod in reading and not refusals else None)
+
+        answers = dict(
+            zip(self.order, await fanout.bounded((check_then_read(p) for p in self.order), fanout.LIMIT), strict=True)
+        )
+        refusals = [r for pod_refusals, _ in answers.values() for r in pod_refusals]
+        states = [answers[p][1] for p in first]
+        if not refusals and all(state is not None for state in states):
+            self.first_read = (first, [state for state in states if state is not None])
         if not refusals:
             self.memory.preflight_passed[self.key] = True
             return False
@@ -443,7 +455,7 @@ class RolloutPass:
         after the first read only pods that failed, or that are about to resume or be called done, are read.
         """
         read = self._to_read()
-        states = await self._take_first_read(read)
+        states = self._take_first_read(read)
         if states is None:
             states = await self._read(read)
         for pod, state in zip(read, states, strict=True):
@@ -488,18 +500,12 @@ class RolloutPass:
     async def _read(self, pods: list[str]) -> list[engine.EngineState]:
         return await fanout.bounded((self.clients[p].observe() for p in pods), READ_CONCURRENCY)
 
-    async def _take_first_read(self, pods: list[str] | None) -> list[engine.EngineState] | None:
-        """The answers of the read sent beside the pre-flight when it read exactly ``pods`` (None: read now;
-        a read of other pods is dropped)."""
+    def _take_first_read(self, pods: list[str]) -> list[engine.EngineState] | None:
+        """The answers of the read made with the pre-flight when it read exactly ``pods`` (None: read now)."""
         first, self.first_read = self.first_read, None
-        if first is None:
+        if first is None or first[0] != pods:
             return None
-        read, task = first
-        if read == pods:
-            return await task
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return None
+        return first[1]
 
     async def _still_ready(self, pod: str) -> bool:
         """Resume only on what the engine says now, not on acknowledgements. Where the engine takes sequences
