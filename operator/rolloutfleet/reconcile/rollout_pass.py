@@ -18,6 +18,7 @@ each pod out of the Service until its resume.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -363,6 +364,7 @@ class RolloutPass:
                 await self._write_status(force=True)
                 waited = await self._wait_for_marks()
                 if waited is None:
+                    self._log_held()
                     return PassOutcome(again=False, idle=False)
                 if waited:
                     continue  # the trainer marked: go on from what is known, without a new pass
@@ -392,6 +394,19 @@ class RolloutPass:
                 await self._drain()
                 await self._write_status(force=True)
                 return PassOutcome(again=True, idle=False)
+
+    def _log_held(self) -> None:
+        """Say what ends a pass with nothing to run: the next pass reads every engine again after
+        ``revision_loop.WAITING_SECONDS``, so at a thousand pods one unreachable engine costs a whole-fleet read."""
+        held = collections.Counter(d.step.value for d in self.decisions.values() if d.step is not Step.DONE)
+        first = next((p for p in self.order if self.decisions.get(p, UNDECIDED).step is not Step.DONE), None)
+        log.info(
+            "pass %s: nothing to run; pods not done by step: %s (first: %s, %s)",
+            self.key,
+            dict(held),
+            first,
+            self.decisions[first].reason if first is not None and first in self.decisions else "-",
+        )
 
     async def _wait_for_marks(self) -> bool | None:
         """Sessions wait for the trainer and nothing else is to do: wait here for its mark, which the

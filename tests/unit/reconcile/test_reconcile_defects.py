@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import pathlib
 import re
 from typing import Any
@@ -36,6 +37,22 @@ async def test_rolling_counts_unreachable_engines_against_max_unavailable(tmp_pa
         healthy = h.pods[2:]
         assert {p: pauses(h.engine_log(p)) for p in healthy} == dict.fromkeys(healthy, 0)
         assert all(not h.served(p).paused for p in healthy)
+
+
+async def test_a_pass_with_nothing_to_run_says_what_holds_it(
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 18: a pass with nothing to run ends, and the next one reads every engine again a second later. In the
+    16-core bench 3 of ~40 revisions at 1,024 pods did that (6 engine requests per pod instead of 5, two passes,
+    1.5-2.5 s more) and the operator's log did not say why. It now names the steps that hold the pods and the
+    first pod held, with its reason."""
+    caplog.set_level(logging.INFO, logger="rolloutfleet.reconcile.rollout_pass")
+    async with harness(tmp_path, replicas=5, unreachable=2, rollout="Rolling", max_unavailable=1) as h:
+        h.apply_revision("step-1", 1)
+        await h.settle(max_passes=1, require_idle=False)
+    held = [r.getMessage() for r in caplog.records if "nothing to run" in r.getMessage()]
+    assert held, [r.getMessage() for r in caplog.records]
+    assert "'Unreachable': 2" in held[-1] and "'Pause': 3" in held[-1] and "first: policy-0" in held[-1], held[-1]
 
 
 async def test_new_pod_joins_the_served_revision_after_its_object_was_deleted(tmp_path: pathlib.Path) -> None:
