@@ -180,9 +180,18 @@ class _KopfStop:
         await self._stopped.wait()
 
 
-def _kick(memo: kopf.Memo, namespace: str | None, spec: Any, *, marks_of: Any = None, diff: Any = None) -> None:
+def _kick(
+    memo: kopf.Memo,
+    namespace: str | None,
+    spec: Any,
+    *,
+    marks_of: Any = None,
+    diff: Any = None,
+    created: tuple[str, int] | None = None,
+) -> None:
     """Wake the fleet's loop; a change of the trainer's marks alone (``marks_of``: the revision's body)
-    is handed to the running pass instead of ending it."""
+    is handed to the running pass instead of ending it. ``created``: the revision (name, generation) whose
+    creation this is, which a pass already carrying it out knows (``FleetMemory.stale_kick``)."""
     fleet = (spec or {}).get("fleetRef", {}).get("name")
     ctx: OperatorContext | None = getattr(memo, "ctx", None)
     if ctx is None or not fleet or not namespace:
@@ -192,7 +201,7 @@ def _kick(memo: kopf.Memo, namespace: str | None, spec: Any, *, marks_of: Any = 
         meta = marks_of.get("metadata") or {}
         memory.kick_marks(str(meta.get("name")), push_marks.mark_annotations(meta.get("annotations") or {}))
     else:
-        memory.kick_all()
+        memory.kick_all(created)
 
 
 # No timer or daemon on WeightRevisions: kopf puts a finalizer on every object a timer or daemon runs for,
@@ -201,11 +210,19 @@ def _kick(memo: kopf.Memo, namespace: str | None, spec: Any, *, marks_of: Any = 
 @kopf.on.update(GROUP, VERSION, REVISIONS)
 @kopf.on.resume(GROUP, VERSION, REVISIONS)
 async def revision_changed(
-    memo: kopf.Memo, namespace: str | None, spec: kopf.Spec, body: kopf.Body, diff: kopf.Diff, **_: Any
+    memo: kopf.Memo,
+    namespace: str | None,
+    spec: kopf.Spec,
+    body: kopf.Body,
+    diff: kopf.Diff,
+    reason: str,
+    **_: Any,
 ) -> None:
     """A revision appeared or changed: wake its fleet's loop (which validates and rolls it), or report
     Pending/FleetNotFound when the fleet does not exist (yet)."""
-    _kick(memo, namespace, _plain(spec), marks_of=_plain(body), diff=diff)
+    meta = body.get("metadata") or {}
+    created = (str(meta.get("name")), int(meta.get("generation") or 0)) if reason == kopf.Reason.CREATE else None
+    _kick(memo, namespace, _plain(spec), marks_of=_plain(body), diff=diff, created=created)
     ctx: OperatorContext = memo.ctx
     try:
         await revision_reconcile.report_orphan(ctx, _plain(body))

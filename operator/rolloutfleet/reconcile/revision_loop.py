@@ -51,7 +51,8 @@ async def run(
     def interrupted() -> bool:
         # A newer revision (a kick) or a stop: the pass starts no new step, lets the running ones finish.
         # The trainer's marks alone do not end a pass: it reads them itself (``RolloutPass._take_marks``).
-        return (memory.kick.is_set() and not memory.marks_only) or stop.stopping()
+        # A kick that only repeats the revision the pass carries out (``FleetMemory.stale_kick``) does not.
+        return (memory.kick.is_set() and not memory.marks_only and not memory.stale_kick()) or stop.stopping()
 
     while not stop.stopping():
         memory.clear_kick()

@@ -183,6 +183,8 @@ class RolloutPass:
             memory.started.setdefault(self.key, time.monotonic())
 
     async def run(self) -> PassOutcome:
+        # What a kick about this revision's creation repeats (``FleetMemory.stale_kick``): it does not end the pass.
+        self.memory.working_on = (self.rev.name, writes.generation(self.rev.body)) if self.rev is not None else None
         if self.rev is not None and self.rev.status.phase == Phase.PENDING:
             await self.ctx.kube.event(
                 writes.wrev_ref(self.rev.body),
@@ -198,6 +200,7 @@ class RolloutPass:
                 return PassOutcome(again=True, idle=False)
             return await self._iterations()
         finally:
+            self.memory.working_on = None
             for task in self.inflight.values():  # only after an error: every normal exit drains first
                 task.cancel()
             await asyncio.gather(*self.inflight.values(), return_exceptions=True)
