@@ -110,9 +110,6 @@ class StepTally:
             self.at[old.step].discard(pod)
         self.at[new.step].add(pod)
 
-    def count(self, step: Step) -> int:
-        return len(self.at[step])
-
 
 def admit(
     decisions: dict[str, Decision],
