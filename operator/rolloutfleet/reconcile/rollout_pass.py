@@ -333,6 +333,7 @@ class RolloutPass:
                 inflight=self.inflight,
                 unavailable=self.pods.not_routed | self.pods.starting,
                 tally=self.by_step,
+                rank=self.rank,
             )
             # (A resume reads its engine itself, right before it resumes it: ``_still_ready``.)
             chosen = {p: d for p, d in chosen.items() if p not in self.restarted}  # gone: the next pass sees

@@ -212,5 +212,8 @@ def test_the_fast_admit_decides_as_the_rules_read_on_random_fleets() -> None:
             kept.move(p, before.get(p), d)
         assert kept.at == rollout.StepTally.of(fleet).at
         assert list(rollout.admit(fleet, order, budget, tally=kept, **kw).items()) == list(fast.items())  # type: ignore[arg-type]
+        # And with the pods' ranks kept by the caller, as a pass keeps them.
+        ranks = {p: i for i, p in enumerate(order)}
+        assert list(rollout.admit(fleet, order, budget, tally=kept, rank=ranks, **kw).items()) == list(fast.items())  # type: ignore[arg-type]
         chose += bool(fast)
     assert chose > 1000  # the cases exercise choosing, not only the early return
