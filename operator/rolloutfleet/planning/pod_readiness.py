@@ -45,6 +45,16 @@ def engine_up(pod: Manifest) -> bool:
     return containers_ready(pod)
 
 
+def incarnation(pod: Manifest) -> str:
+    """Which engine process a pod runs: its uid and its containers' restart counts. A pod recreated under the
+    same name has another uid, a container the kubelet restarted another count; either way the engine came
+    back on its initial checkpoint, and nothing read of the one before says anything of it."""
+    restarts = ",".join(
+        str(cs.get("restartCount", 0)) for cs in (pod.get("status") or {}).get("containerStatuses") or []
+    )
+    return f"{pod['metadata'].get('uid') or ''}/{restarts}"
+
+
 def routed(pod: Manifest) -> bool:
     """The pod is behind the Service: containers ready, and every readiness gate of its spec True."""
     gated = _gated(pod)

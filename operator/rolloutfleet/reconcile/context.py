@@ -15,6 +15,20 @@ from rolloutfleet.api.engine import EngineState
 from rolloutfleet.metrics import Metrics
 
 
+@dataclasses.dataclass(frozen=True)
+class RestMark:
+    """A fleet at rest, as its last full read found it: every engine serving ``goal``, verified.
+
+    ``pods``: what Kubernetes showed of its pods when that read began (``revision.rest_signature``);
+    ``read_at``: when (``time.monotonic``). ``revision.reconcile_revisions`` reads the engines again only once
+    either differs, or the read is ``REST_READ_SECONDS`` old.
+    """
+
+    goal: object
+    pods: tuple[tuple[object, ...], ...]
+    read_at: float
+
+
 @dataclasses.dataclass
 class FleetMemory:
     """Per-fleet bookkeeping of the revision loop that may be lost at any time without harm.
@@ -29,7 +43,8 @@ class FleetMemory:
     unreachable_since: dict[str, float] = dataclasses.field(default_factory=dict)
     started: dict[str, float] = dataclasses.field(default_factory=dict)
     engine_view: dict[str, EngineState] = dataclasses.field(default_factory=dict)
-    # The uid of the pod each view was read through: a pod recreated under the same name is another engine.
+    # The pod incarnation (``pod_readiness.incarnation``: uid and restart counts) each view was read through: a
+    # pod recreated under the same name, or restarted, is another engine process.
     engine_view_uids: dict[str, str] = dataclasses.field(default_factory=dict)
     steps: dict[str, str] = dataclasses.field(default_factory=dict)
     probe_passed: dict[str, bool] = dataclasses.field(default_factory=dict)
@@ -48,6 +63,7 @@ class FleetMemory:
     # pass started were about (``kicked_about``; None: at least one was about something else, or unknown).
     working_on: tuple[str, int] | None = None
     kicked_about: set[tuple[str, int]] | None = dataclasses.field(default_factory=set)
+    rest: RestMark | None = None  # None: the next pass reads every engine
 
     def kick_all(self, about: tuple[str, int] | None = None) -> None:
         """Something else than the trainer's marks changed: the running pass ends, a new one starts.
@@ -98,13 +114,15 @@ class FleetMemory:
         self.marks = {k: v for k, v in self.marks.items() if k == key}
 
     def remember(self, states: dict[str, EngineState], uids: dict[str, str]) -> None:
-        """The last engine observations, for the fleet status, each tied to the pod uid it was read through."""
+        """The last engine observations, for the fleet status, each tied to the pod incarnation it was read
+        through."""
         self.engine_view = dict(states)
         self.engine_view_uids = {p: uids[p] for p in states if p in uids}
 
-    def replaced(self, pod: str, uid: str | None) -> bool:
-        """The last observation of ``pod`` was read through another pod of that name (since recreated)."""
-        return uid is not None and self.engine_view_uids.get(pod) not in (None, uid)
+    def replaced(self, pod: str, incarnation: str | None) -> bool:
+        """The last observation of ``pod`` was read through another pod of that name (since recreated) or
+        another process of its container (since restarted)."""
+        return incarnation is not None and self.engine_view_uids.get(pod) not in (None, incarnation)
 
 
 @dataclasses.dataclass

@@ -16,7 +16,7 @@ from typing import Any
 from rolloutfleet.adapters.kube import KubeError
 from rolloutfleet.api import common, validation
 from rolloutfleet.api.fleet import RolloutFleetSpec, RolloutFleetStatus
-from rolloutfleet.planning import fleet_status
+from rolloutfleet.planning import fleet_status, pod_readiness
 from rolloutfleet.reconcile.context import OperatorContext
 from rolloutfleet.resources import children, labels
 
@@ -118,10 +118,11 @@ def _engines(
         return {}
     summaries: dict[str, fleet_status.EngineSummary] = {}
     for pod in pods:
-        name, uid = pod["metadata"]["name"], pod["metadata"].get("uid")
-        if memory.replaced(name, uid):
-            # A pod recreated under the same name is a new engine process on the initial checkpoint: what
-            # its predecessor served (in memory and in the status) says nothing of it until it is read.
+        name = pod["metadata"]["name"]
+        if memory.replaced(name, pod_readiness.incarnation(pod)):
+            # A pod recreated under the same name, or whose container restarted, is a new engine process on
+            # the initial checkpoint: what its predecessor served (in memory and in the status) says nothing
+            # of it until it is read.
             summaries[name] = fleet_status.EngineSummary(None, None, None, None)
             continue
         state, step = memory.engine_view.get(name), memory.steps.get(name)

@@ -15,6 +15,8 @@ import asyncio
 import base64
 import dataclasses
 import logging
+import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,13 +30,16 @@ from rolloutfleet.planning import pod_readiness, revision_status, revisions
 from rolloutfleet.reconcile import fanout, gates
 from rolloutfleet.reconcile import fleet as fleet_reconcile
 from rolloutfleet.reconcile import status_writes as writes
-from rolloutfleet.reconcile.context import FleetMemory, OperatorContext
+from rolloutfleet.reconcile.context import FleetMemory, OperatorContext, RestMark
 from rolloutfleet.reconcile.rollout_pass import READ_CONCURRENCY, PassOutcome, PodView, RolloutPass
 from rolloutfleet.resources import labels
 
 Manifest = dict[str, Any]
 log = logging.getLogger(__name__)
 ENGINE_CONNECTIONS = 4096  # per fleet; `rolloutfleet run` raises the open-files limit to fit
+# A fleet at rest is read whole again at least this often even when none of its pods changed: the safety net
+# under ``rest_signature`` for what a pod's status cannot show (docs/rollouts.md, "A fleet at rest").
+REST_READ_SECONDS = float(os.environ.get("ROLLOUTFLEET_REST_READ_SECONDS", "60"))
 
 __all__ = ["PassOutcome", "reconcile_revisions", "report_orphan"]
 
@@ -109,6 +114,28 @@ def _pod_view(pods: list[Manifest]) -> PodView:
     )
 
 
+def rest_signature(view: PodView) -> tuple[tuple[object, ...], ...]:
+    """What Kubernetes shows of a fleet's pods that an engine's restart or replacement changes.
+
+    An engine that restarts comes back on the initial checkpoint; the kubelet counts the container's restart,
+    a replaced pod has another uid (and maybe another IP), and a process not admitted fails its readiness
+    probe (not routed). A fleet at rest whose pods show none of these changes holds what its last full read
+    found, so its passes read no engine (1,024 reads every idle period before; issue 18).
+    """
+    return tuple(
+        sorted(
+            (
+                name,
+                pod_readiness.incarnation(body),
+                (body.get("status") or {}).get("podIP"),
+                name in view.not_routed,
+                name in view.starting,
+            )
+            for name, body in view.bodies.items()
+        )
+    )
+
+
 async def reconcile_revisions(
     ctx: OperatorContext, namespace: str, fleet_name: str, memory: FleetMemory, interrupted: Callable[[], bool]
 ) -> PassOutcome:
@@ -158,7 +185,23 @@ async def reconcile_revisions(
             # completed): back to the initial weights, and only them (the others have nothing to reload).
             sel = dataclasses.replace(sel, goal=revisions.initial_goal(spec))
             view = dataclasses.replace(view, order=behind)
-        outcome = await RolloutPass(ctx, spec, fleet_body, memory, sel, view, clients, interrupted).run()
+        resting = sel.active is None  # moving back to, or checking, what the fleet serves
+        signature = rest_signature(view) if resting else ()
+        mark, memory.rest = memory.rest, None  # only a pass that finds the fleet at rest sets it again
+        if (
+            resting
+            and mark is not None
+            and mark.goal == sel.goal
+            and mark.pods == signature
+            and time.monotonic() - mark.read_at < REST_READ_SECONDS
+        ):
+            memory.rest = mark  # no pod changed since every engine was read serving the goal: nothing to read
+            return PassOutcome()
+        started = time.monotonic()
+        rollout = RolloutPass(ctx, spec, fleet_body, memory, sel, view, clients, interrupted)
+        outcome = await rollout.run()
+        if resting and rollout.found_at_rest:
+            memory.rest = RestMark(sel.goal, signature, started)
     finally:
         try:
             await fleet_reconcile.refresh_status(ctx, namespace, fleet_name)

@@ -41,7 +41,15 @@ from rolloutfleet.api.revision import (
     PushGroupStatus,
     WeightRevisionStatus,
 )
-from rolloutfleet.planning import failures, revision_status, revisions, rollout, transaction, verification
+from rolloutfleet.planning import (
+    failures,
+    pod_readiness,
+    revision_status,
+    revisions,
+    rollout,
+    transaction,
+    verification,
+)
 from rolloutfleet.planning.transaction import Decision, Goal, Step
 from rolloutfleet.reconcile import executor, fanout, gates, preflight, probe, push, staging, waits
 from rolloutfleet.reconcile import fleet as fleet_reconcile
@@ -124,6 +132,8 @@ class RolloutPass:
         self._undone_hint: str | None = None  # a pod of ``order`` last found not done (``_all_done``)
         assert sel.goal is not None
         self.rev = sel.active
+        # Set when a pass with no revision found every engine serving the goal (``revision.RestMark``).
+        self.found_at_rest = False
         self.goal: Goal = push.goal_with_marks(sel.goal, spec, self.rev, rolling_back=sel.rolling_back)
         self.kept = revisions.served_goal(spec, sel.served)  # pods on it may keep serving meanwhile
         # Pushed weights: the newest epoch of sessions opened (the status keeps it across operator restarts)
@@ -669,7 +679,7 @@ class RolloutPass:
         """Hand the engine observations and the pods' steps to the fleet status (``reconcile.fleet``), with the
         pods they came from: before each of the pass's fleet-status writes and at its end, so a fleet-status
         write in between (the fleet's own handler) shows what the last one showed, never older."""
-        uids = {p: str(b["metadata"].get("uid") or "") for p, b in self.pods.bodies.items()}
+        uids = {p: pod_readiness.incarnation(b) for p, b in self.pods.bodies.items()}
         self.memory.remember({p: self.states[p] for p in self.order if p in self.states}, uids)
         self.memory.steps = {p: d.step.value for p, d in self.decisions.items()}
 
@@ -1141,6 +1151,7 @@ class RolloutPass:
         rev = self.rev
         if rev is None:
             await self._write_status(force=True)  # the gauges of what each pod holds
+            self.found_at_rest = True
             return PassOutcome()
         elapsed = time.monotonic() - self.memory.started.pop(self.key, time.monotonic())
         if self.sel.rolling_back:

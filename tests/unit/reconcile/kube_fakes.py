@@ -302,8 +302,10 @@ class FakeKube:
         phase: str | None = None,
         ready: bool | None = None,
         deleting: bool | None = None,
+        restarted: bool = False,
     ) -> Manifest:
-        """Change what the kubelet reports of a pod (fields left None are kept)."""
+        """Change what the kubelet reports of a pod (fields left None are kept). ``restarted``: its container
+        restarted (the kubelet counts it in ``containerStatuses[].restartCount``)."""
         obj = self.objects[("v1", "Pod", namespace, name)]
         status = obj.setdefault("status", {})
         if ip is not None:
@@ -313,6 +315,9 @@ class FakeKube:
             status["phase"] = phase
         if ready is not None:
             _set_condition(obj, {"type": "ContainersReady", "status": "True" if ready else "False"})
+        if restarted:
+            statuses = status.setdefault("containerStatuses", [{"name": "engine", "restartCount": 0}])
+            statuses[0]["restartCount"] = int(statuses[0].get("restartCount", 0)) + 1
         if deleting is not None:
             if deleting:
                 obj["metadata"]["deletionTimestamp"] = self._now()

@@ -18,7 +18,7 @@ from reconcile_fakes import count_observations, harness, loads
 
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.handlers import wiring
-from rolloutfleet.reconcile import revision_loop
+from rolloutfleet.reconcile import revision, revision_loop
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 log = logging.getLogger(__name__)
@@ -188,12 +188,77 @@ async def test_a_restarted_engine_is_kept_out_of_the_service_until_caught_up(tmp
         await engine.crash()
         await engine.restart()
         assert h.served(pod).verifier is None and not engine.admitted  # initial weights, probe failing
+        # What the kubelet reports of it: the restart (its failing probe would keep the fake pod un-Ready
+        # after the admit too: the fake kubelet does not probe).
+        h.kube.set_pod(h.namespace, pod, restarted=True)
         await h.settle()
         assert h.served(pod) == (1, 1, False) and engine.admitted
         body = h.kube.peek("v1", "Pod", h.namespace, pod)
         assert body is not None
         gate = {c["type"]: c["status"] for c in body["status"]["conditions"]}["rolloutfleet.io/weights-ready"]
         assert gate == "True"
+
+
+async def test_a_fleet_at_rest_reads_its_engines_only_once_a_pod_changed(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 18: a fleet at rest on a served revision was read whole at every idle pass (1,024 reads every 5 s,
+    and a revision created meanwhile waited for them) to catch engines restarted on their initial weights. A
+    restart shows on the pod (the kubelet counts it, a replaced pod has another uid, a process not admitted
+    fails its probe), so passes at rest read no engine while the pods show no change, read the whole fleet
+    once one does, and again once ``REST_READ_SECONDS`` passed whatever the pods show."""
+    async with harness(tmp_path, replicas=3) as h:
+        h.apply_revision("step-1", 1)
+        await h.settle()  # its last pass, at rest, read every engine
+        h.observations.clear()
+        for _ in range(3):
+            await h.settle()
+        assert sum(h.observations.values()) == 0, h.observations
+        h.kube.set_pod(h.namespace, h.pods[0], restarted=True)
+        await h.settle()
+        assert h.observations == dict.fromkeys(h.pods, 1)
+        h.observations.clear()
+        await h.settle()
+        assert sum(h.observations.values()) == 0, h.observations
+        monkeypatch.setattr(revision, "REST_READ_SECONDS", 0.0)
+        await h.settle()
+        assert h.observations == dict.fromkeys(h.pods, 1)
+
+
+async def test_a_restart_the_pods_do_not_show_is_caught_by_the_full_read(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The safety net under the test above: an engine back on its initial weights with nothing on its pod to
+    say so (a kubelet that did not report it) is found by the full read ``REST_READ_SECONDS`` after the last
+    one, moved back to the served revision and only then admitted."""
+    async with harness(tmp_path, replicas=3) as h:
+        h.apply_revision("step-1", 1)
+        await h.settle()
+        engine = h.engine(h.pods[2])
+        await engine.crash()
+        await engine.restart()
+        await h.settle()
+        assert h.served(h.pods[2]).verifier is None and not engine.admitted  # not seen yet, and not admitted
+        monkeypatch.setattr(revision, "REST_READ_SECONDS", 0.0)
+        await h.settle()
+        assert h.served(h.pods[2]) == (1, 1, False) and engine.admitted
+
+
+async def test_the_status_claims_nothing_for_a_restarted_container_until_it_is_read(tmp_path: pathlib.Path) -> None:
+    """A container the kubelet restarted runs a new engine process on the initial checkpoint (like a pod
+    recreated under the same name): the fleet's status must not show what the process before it served, even
+    before any pass read it (the fleet's own reconcile writes the status too)."""
+    async with harness(tmp_path, replicas=2) as h:
+        h.apply_revision("step-1", 1)
+        await h.settle()
+        pod = h.pods[1]
+        await h.engine(pod).crash()
+        await h.engine(pod).restart()
+        h.kube.set_pod(h.namespace, pod, restarted=True)
+        await h.reconcile_fleet()
+        entries = {p["name"]: p for p in h.fleet_status()["pods"]}
+        assert entries[pod].get("revision") is None, entries[pod]
+        assert entries[h.pods[0]].get("revision") == 1  # its neighbour's claim stands
 
 
 async def test_a_slow_starting_pod_is_waited_for_not_failed(tmp_path: pathlib.Path) -> None:
@@ -308,6 +373,7 @@ async def test_the_status_claims_nothing_for_an_engine_that_does_not_answer(tmp_
         await h.settle()
         pod = h.pods[0]
         await h.engine(pod).crash()
+        h.kube.set_pod(h.namespace, pod, restarted=True)  # the kubelet restarts it (it stays down here)
         await h.settle(max_passes=1, require_idle=False)
         entry = next(p for p in h.fleet_status()["pods"] if p["name"] == pod)
         assert entry.get("revision") is None and entry.get("step") == "Unreachable", entry
