@@ -962,6 +962,34 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
     return row
 
 
+def run_rest(fleet: Fleet, seconds: float) -> dict[str, Any]:
+    """The fleet at rest on what it serves for ``seconds`` (after the scenarios): the operator's CPU, its engine
+    and Kubernetes requests, and its passes' engine reads meanwhile. The bench runs the operator with a 1 s
+    idle period (5 s by default), so a loop that reads every engine at rest shows here five times over."""
+    fleet.wait_settled(120 + 0.25 * fleet.n)
+    time.sleep(2)  # the pass that found the last revision done has written its status
+    offset, req0, cpu0 = fleet.log_offset(), _request_counts(fleet.metrics_port), fleet.cpu()
+    time.sleep(seconds)
+    cpu1, req1 = fleet.cpu(), _request_counts(fleet.metrics_port)
+    with fleet.log_path.open("rb") as f:
+        f.seek(offset)
+        text = f.read().decode(errors="replace")
+    found = list(PASS_LINE.finditer(text))
+    engine_req, kube_req = _delta(req1["engine"], req0["engine"]), _delta(req1["kube"], req0["kube"])
+    wall = cpu1["t"] - cpu0["t"]
+    return {
+        "kind": "rest",
+        "pods": fleet.n,
+        "seconds": round(wall, 1),
+        "operator_cpu_s": round(cpu1["operator"] - cpu0["operator"], 2),
+        "operator_cpu_per_minute_s": round(60 * (cpu1["operator"] - cpu0["operator"]) / wall, 2),
+        "engine_requests": round(sum(engine_req.values())),
+        "kube_requests": round(sum(kube_req.values())),
+        "passes_reading": len(found),
+        "engine_reads": sum(int(m["reads"]) for m in found),
+    }
+
+
 def run_soak(fleet: Fleet, revisions: int, first_revision: int) -> dict[str, Any]:
     """``revisions`` zero-latency sleep-mode AllAtOnce revisions back to back; the operator's RSS every 50."""
     fleet.set_strategy("AllAtOnce", 1)
@@ -1014,7 +1042,13 @@ def _fmt(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def report(rows: list[dict[str, Any]], soaks: list[dict[str, Any]], command: str, args: argparse.Namespace) -> str:
+def report(
+    rows: list[dict[str, Any]],
+    soaks: list[dict[str, Any]],
+    command: str,
+    args: argparse.Namespace,
+    rests: list[dict[str, Any]] | None = None,
+) -> str:
     cores = os.cpu_count()
     k = args.engine_procs
     engines = (
@@ -1176,6 +1210,20 @@ def report(rows: list[dict[str, Any]], soaks: list[dict[str, Any]], command: str
             lines.append(
                 f"Stopped at revision {f['revisions']} ({f['name']}): {f['phase']}, {f['reason']}: {f['message']}."
             )
+    if rests:
+        lines += [
+            "",
+            "## The fleet at rest (after the scenarios; the bench's idle period 1 s)",
+            "",
+            "| pods | seconds | operator CPU s | per minute s | engine requests | kube requests | passes that read "
+            "| engine reads |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in rests:
+            lines.append(
+                f"| {r['pods']} | {r['seconds']} | {r['operator_cpu_s']} | {r['operator_cpu_per_minute_s']} | "
+                f"{r['engine_requests']} | {r['kube_requests']} | {r['passes_reading']} | {r['engine_reads']} |"
+            )
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)) + "\n"
 
 
@@ -1211,6 +1259,9 @@ def main() -> int:
     )
     parser.add_argument("--profile", action="store_true", help="sample the operator with py-spy per scenario")
     parser.add_argument("--soak-revisions", type=int, default=0, help="then N zero-latency revisions back to back")
+    parser.add_argument(
+        "--rest-seconds", type=float, default=0, help="then the fleet at rest this long: what the operator spends"
+    )
     parser.add_argument("--subnet-offset", type=int, default=0, help="first fake node's 127.1.<offset>.0/24")
     parser.add_argument("--out", default="bench/results/rollout_overhead.md")
     parser.add_argument("--json", default=str(pathlib.Path(tempfile.gettempdir()) / "rollout_overhead.json"))
@@ -1223,6 +1274,7 @@ def main() -> int:
     command, run_id = _command(), datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     rows: list[dict[str, Any]] = []
     soaks: list[dict[str, Any]] = []
+    rests: list[dict[str, Any]] = []
 
     def record(row: dict[str, Any]) -> None:
         with pathlib.Path(args.json).open("a") as f:
@@ -1238,14 +1290,19 @@ def main() -> int:
                     _log(json.dumps({k: row[k] for k in keys}))
                     rows.append(row)
                     record(row)
+                if args.rest_seconds > 0:
+                    rest = run_rest(fleet, args.rest_seconds)
+                    _log(json.dumps(rest))
+                    rests.append(rest)
+                    record(rest)
                 if args.soak_revisions > 0:
                     soak = run_soak(fleet, args.soak_revisions, first_revision=len(scenarios) + 1)
                     soaks.append(soak)
                     record(soak)
         finally:  # after each size, and after a failure too: partial runs leave their results
             pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            pathlib.Path(args.out).write_text(report(rows, soaks, command, args))
-    print(report(rows, soaks, command, args))
+            pathlib.Path(args.out).write_text(report(rows, soaks, command, args, rests))
+    print(report(rows, soaks, command, args, rests))
     return 0
 
 
