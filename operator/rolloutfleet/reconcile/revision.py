@@ -175,6 +175,20 @@ async def reconcile_revisions(
         return PassOutcome()  # the fleet reconcile has not made the Secret yet
     pool = await _pool(ctx, memory, token)
     view = _pod_view(await ctx.kube.list("v1", "Pod", namespace, labels.selector_string(fleet_name)))
+    # A fleet at rest on what it serves, whose pods show nothing new since every engine was read serving it:
+    # nothing to read, nothing to write (the fleet's own reconcile keeps the pods' status).
+    resting = sel.goal is not None and sel.active is None
+    signature = rest_signature(view) if resting else ()
+    mark, memory.rest = memory.rest, None  # only a pass that finds the fleet at rest sets it again
+    if (
+        resting
+        and mark is not None
+        and mark.goal == sel.goal
+        and mark.pods == signature
+        and time.monotonic() - mark.read_at < REST_READ_SECONDS
+    ):
+        memory.rest = mark
+        return PassOutcome()
     clients = {name: pool.for_address(view.bodies[name]["status"]["podIP"], spec.port) for name in view.order}
     try:
         if sel.goal is None:
@@ -185,18 +199,6 @@ async def reconcile_revisions(
             # completed): back to the initial weights, and only them (the others have nothing to reload).
             sel = dataclasses.replace(sel, goal=revisions.initial_goal(spec))
             view = dataclasses.replace(view, order=behind)
-        resting = sel.active is None  # moving back to, or checking, what the fleet serves
-        signature = rest_signature(view) if resting else ()
-        mark, memory.rest = memory.rest, None  # only a pass that finds the fleet at rest sets it again
-        if (
-            resting
-            and mark is not None
-            and mark.goal == sel.goal
-            and mark.pods == signature
-            and time.monotonic() - mark.read_at < REST_READ_SECONDS
-        ):
-            memory.rest = mark  # no pod changed since every engine was read serving the goal: nothing to read
-            return PassOutcome()
         started = time.monotonic()
         rollout = RolloutPass(ctx, spec, fleet_body, memory, sel, view, clients, interrupted)
         outcome = await rollout.run()

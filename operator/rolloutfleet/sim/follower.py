@@ -211,6 +211,10 @@ class PodFollower:
     latencies: Latencies = dataclasses.field(default_factory=Latencies)
     interval: float = 0.3  # the fleet and its control token are read again at least this often
     sim: SimulatedFleet | None = None
+    # Engine restarts per engine key: the follower's own (a new control token restarts every engine) and the
+    # engines' (a crash fault); ``_reported``: what the pod's restartCount says already.
+    _restarted: dict[str, int] = dataclasses.field(default_factory=dict)
+    _reported: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def mine(self, pod: FollowedPod) -> bool:
         """Whether this follower serves ``pod`` (all of them; the bench splits a fleet between followers)."""
@@ -252,6 +256,8 @@ class PodFollower:
         if self.sim is None or self.sim.token != token:
             if self.sim is not None:
                 await self.sim.stop()
+                for key in self.sim.engines:
+                    self._restarted[key] = self._restarted.get(key, 0) + 1
             self.sim = SimulatedFleet(token=token, weights=self.weights, latencies=self.latencies)
             await self.sim.start()
         port = int((fleet.get("spec") or {}).get("port") or 8000)
@@ -260,10 +266,41 @@ class PodFollower:
             if key not in wanted:
                 ip, _, p = key.rpartition(":")
                 await self.sim.remove(ip, int(p))
+        for key in set(self._restarted) | set(self._reported):
+            if key not in wanted:  # another pod at that address later starts from zero, as a kubelet counts
+                self._restarted.pop(key, None)
+                self._reported.pop(key, None)
         for key in set(wanted) - set(self.sim.engines):
             ip, _, _ = key.rpartition(":")
             await self.sim.add(ip, port, spec=engine_spec_for(fleet, wanted[key].args))
+        await self._report_restarts(wanted)
         return len(self.sim.engines)
+
+    async def _report_restarts(self, wanted: dict[str, FollowedPod]) -> None:
+        """Count each engine's restarts in its pod's ``restartCount``, as the kubelet counts a container's: the
+        operator learns from the pod that the engine came back on its initial weights (a fleet at rest reads
+        its engines only when a pod changed; docs/rollouts.md)."""
+        assert self.sim is not None
+        due = {
+            key: count
+            for key, engine in self.sim.engines.items()
+            if key in wanted and (count := self._restarted.get(key, 0) + engine.restarts) > self._reported.get(key, 0)
+        }
+        if not due:
+            return
+
+        def call() -> None:
+            core = client.CoreV1Api(self.api)
+            for key, count in due.items():
+                patch = [{"op": "add", "path": "/status/containerStatuses/0/restartCount", "value": count}]
+                try:
+                    core.patch_namespaced_pod_status(wanted[key].name, self.namespace, patch, _preload_content=False)
+                except client.ApiException as exc:  # gone meanwhile, or no container status yet: next sync
+                    log.info("pod follower: restart of %s not reported: %s", wanted[key].name, exc.reason)
+                    continue
+                self._reported[key] = count
+
+        await asyncio.to_thread(call)
 
     async def run(self) -> None:
         """Follow until cancelled; the engines stop with it. Engines follow the pods as soon as the watch

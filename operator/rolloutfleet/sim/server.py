@@ -141,6 +141,7 @@ class SimulatedEngine:
         self.log = EngineLog()
         self.core = EngineCore(spec, weights, latencies, self.log)
         self.faults: list[_ArmedFault] = []
+        self.restarts = 0  # what a kubelet would count in the pod's restartCount (the pod follower reports it)
         self._runner: web.AppRunner | None = None
         self._handlers: dict[tuple[str, str], sequence.Handler] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -215,6 +216,7 @@ class SimulatedEngine:
         """A restarted container: fresh engine state (the initial weights), same call log."""
         await self._close_listener()
         self.core = EngineCore(self.spec, self.weights, self.latencies, self.log)
+        self.restarts += 1
         self.log.add("restart")
         await self.start()
 

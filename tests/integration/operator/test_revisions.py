@@ -4,6 +4,7 @@ every pod's loopback IP. Ordering, barriers and budgets are proven from the engi
 from __future__ import annotations
 
 import pathlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -164,6 +165,46 @@ def test_all_at_once_sleep_mode_barrier(
         timeout=30,
         what="fleet pods at revision 1",
     )
+
+
+def test_an_engine_restarted_at_rest_is_caught_up_from_its_pod(
+    sim_fleet: tuple[FollowerThread, pathlib.Path], k8s_api: client.ApiClient, namespace: str
+) -> None:
+    """A fleet at rest reads its engines only once a pod changed (docs/rollouts.md, "A fleet at rest"). An
+    engine that crashes comes back on its initial weights; its pod's restartCount says so (counted by the
+    kubelet; here by the pod follower, which stands in for it), and the operator moves it back to the served
+    revision and admits it long before the full read that comes every 60 s whatever the pods show."""
+    follower, root = sim_fleet
+    api = client.CustomObjectsApi(k8s_api)
+    make_fleet(api, namespace, root, "pol", 2)
+    wait_engines(api, follower, namespace, 2)
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, "weightrevisions", wrev("step-1", "pol", 1, root))
+    done = eventually(lambda: phase_is(api, namespace, "step-1", "Succeeded", "Failed"), timeout=90, what="step-1")
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    key = sorted(follower.logs())[0]
+
+    def engine_at(revision: int | None, admitted: bool) -> Any:
+        async def read() -> tuple[int | None, bool]:
+            sim = follower.follower.sim
+            assert sim is not None
+            core = sim.engines[key].core
+            return core.state_results()[0]["verifier"]["revision"], core.admitted
+
+        return follower.call(read()) == (revision, admitted)
+
+    eventually(lambda: engine_at(1, True), timeout=30, what="the engine admitted on revision 1")
+    time.sleep(12)  # idle passes at rest (5 s apart here) found the fleet at rest: from now on they read nothing
+
+    async def crash() -> None:
+        sim = follower.follower.sim
+        assert sim is not None
+        await sim.engines[key].crash(restart_after=0.2)
+
+    follower.call(crash())
+    eventually(lambda: engine_at(None, False), timeout=10, what="the engine back on its initial weights")
+    started = time.monotonic()
+    eventually(lambda: engine_at(1, True), timeout=40, what="the restarted engine caught up and admitted")
+    assert time.monotonic() - started < 30, "caught up by the 60 s full read, not from its pod"
 
 
 def test_each_pod_moves_on_without_waiting_for_a_slow_one(
