@@ -49,10 +49,11 @@ def incarnation(pod: Manifest) -> str:
     """Which engine process a pod runs: its uid and its containers' restart counts. A pod recreated under the
     same name has another uid, a container the kubelet restarted another count; either way the engine came
     back on its initial checkpoint, and nothing read of the one before says anything of it."""
-    restarts = ",".join(
-        str(cs.get("restartCount", 0)) for cs in (pod.get("status") or {}).get("containerStatuses") or []
-    )
-    return f"{pod['metadata'].get('uid') or ''}/{restarts}"
+    statuses: list[Manifest] = (pod.get("status") or {}).get("containerStatuses") or []
+    uid = pod["metadata"].get("uid") or ""
+    if len(statuses) == 1:  # an engine pod's one container, without a generator (every pod, every status write)
+        return f"{uid}/{statuses[0].get('restartCount', 0)}"
+    return uid + "/" + ",".join(str(cs.get("restartCount", 0)) for cs in statuses)
 
 
 def routed(pod: Manifest) -> bool:
