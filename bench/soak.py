@@ -78,7 +78,7 @@ from rolloutfleet.sandbox import binaries, cluster, demo_weights, operator_proce
 from rolloutfleet.sim import server as sim_server
 from rolloutfleet.sim.config import FaultKind, FaultRule, Latencies, WeightsConfig
 from rolloutfleet.sim.fleet import SimulatedFleet
-from rolloutfleet.sim.follower import PodFollower, engine_spec_for
+from rolloutfleet.sim.follower import FollowedPod, PodFollower, engine_spec_for
 
 T = TypeVar("T")
 GROUP, VERSION = "rolloutfleet.io", "v1alpha1"
@@ -165,8 +165,8 @@ class SoakFollower(PodFollower):
     token_grace: float = 300.0
     rng: random.Random = dataclasses.field(default_factory=random.Random)
 
-    async def sync(self) -> int:
-        fleet, token, pods = await self._read()
+    async def sync(self, pods: dict[str, FollowedPod]) -> int:
+        fleet, token = await self._read()
         if fleet is None or token is None:
             return 0 if self.sim is None else len(self.sim.engines)
         if self.sim is None:
@@ -180,22 +180,19 @@ class SoakFollower(PodFollower):
                     loop.call_later(self.rng.uniform(0, self.token_propagation), engine.rotate, token, self.token_grace)
         port = int((fleet.get("spec") or {}).get("port") or 8000)
         spec = engine_spec_for(fleet)
-        wanted = {
-            f"{p.status.pod_ip}:{port}"
-            for p in pods
-            if p.status.phase == "Running" and p.status.pod_ip and not p.metadata.deletion_timestamp
-        }
+        wanted = {f"{p.ip}:{port}": p for p in pods.values() if p.running and p.ip}
         for key in list(self.sim.engines):
             if key not in wanted:
                 ip, _, p = key.rpartition(":")
                 await self.sim.remove(ip, int(p))
-        for key in wanted - set(self.sim.engines):
+        for key in set(wanted) - set(self.sim.engines):
             ip, _, _ = key.rpartition(":")
             engine = RotatingEngine(
                 ip, port, spec=spec, weights=self.sim.weights, latencies=self.sim.latencies, token=self.sim.token
             )
             await engine.start()
             self.sim.engines[engine.key] = engine
+        await self._report_restarts(wanted)  # crash faults: the pod's restartCount, as a kubelet counts it
         return len(self.sim.engines)
 
 

@@ -266,10 +266,6 @@ class PodFollower:
             if key not in wanted:
                 ip, _, p = key.rpartition(":")
                 await self.sim.remove(ip, int(p))
-        for key in set(self._restarted) | set(self._reported):
-            if key not in wanted:  # another pod at that address later starts from zero, as a kubelet counts
-                self._restarted.pop(key, None)
-                self._reported.pop(key, None)
         for key in set(wanted) - set(self.sim.engines):
             ip, _, _ = key.rpartition(":")
             await self.sim.add(ip, port, spec=engine_spec_for(fleet, wanted[key].args))
@@ -281,6 +277,10 @@ class PodFollower:
         operator learns from the pod that the engine came back on its initial weights (a fleet at rest reads
         its engines only when a pod changed; docs/rollouts.md)."""
         assert self.sim is not None
+        for key in set(self._restarted) | set(self._reported):
+            if key not in wanted:  # another pod at that address later starts from zero, as a kubelet counts
+                self._restarted.pop(key, None)
+                self._reported.pop(key, None)
         due = {
             key: count
             for key, engine in self.sim.engines.items()
