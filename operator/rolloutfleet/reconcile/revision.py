@@ -175,25 +175,30 @@ async def reconcile_revisions(
         return PassOutcome()  # the fleet reconcile has not made the Secret yet
     pool = await _pool(ctx, memory, token)
     view = _pod_view(await ctx.kube.list("v1", "Pod", namespace, labels.selector_string(fleet_name)))
-    # A fleet at rest on what it serves, whose pods show nothing new since every engine was read serving it:
-    # nothing to read, nothing to write (the fleet's own reconcile keeps the pods' status).
-    resting = sel.goal is not None and sel.active is None
+    # A fleet at rest on what it serves (a revision, or its initial weights), whose pods show nothing new since
+    # every engine was read serving it: nothing to read, nothing to write (the fleet's own reconcile keeps the
+    # pods' status). Any other pass (a revision's, one after an operator start) forgets that.
+    resting = sel.active is None
+    rest_goal = sel.goal if sel.goal is not None else revisions.initial_goal(spec)
     signature = rest_signature(view) if resting else ()
     mark, memory.rest = memory.rest, None  # only a pass that finds the fleet at rest sets it again
-    if (
+    at_rest = (
         resting
         and mark is not None
-        and mark.goal == sel.goal
+        and mark.goal == rest_goal
         and mark.pods == signature
         and time.monotonic() - mark.read_at < REST_READ_SECONDS
-    ):
+    )
+    if at_rest and sel.goal is not None:
         memory.rest = mark
         return PassOutcome()
     clients = {name: pool.for_address(view.bodies[name]["status"]["podIP"], spec.port) for name in view.order}
     try:
         if sel.goal is None:
-            behind = await _initial_gates(ctx, spec, view, clients)
+            started = time.monotonic()
+            behind = await _initial_gates(ctx, spec, view, clients, everyone=not at_rest)
             if not behind:
+                memory.rest = mark if at_rest else RestMark(rest_goal, signature, started)
                 return PassOutcome()
             # Pods that hold something else than the initial weights (a revision deleted before it ever
             # completed): back to the initial weights, and only them (the others have nothing to reload).
@@ -226,16 +231,17 @@ async def _settle(ctx: OperatorContext, sel: revisions.Selection) -> None:
 
 
 async def _initial_gates(
-    ctx: OperatorContext, spec: RolloutFleetSpec, view: PodView, clients: dict[str, EngineClient]
+    ctx: OperatorContext, spec: RolloutFleetSpec, view: PodView, clients: dict[str, EngineClient], *, everyone: bool
 ) -> list[str]:
     """A fleet on its initial weights: open the gate of each pod whose engine serves what it started with.
 
-    Only pods not routed yet are read (a fleet at rest costs no engine reads): a gate never opened, or an
-    engine process not admitted (a restarted container). Returns the pods whose engine holds other weights
-    (it loaded a revision that never completed), to be moved back.
+    ``everyone``: read every pod (the fleet is not known to be at rest: the operator started, or a revision
+    was deleted before it completed, whose pods may be routed on its weights). Otherwise only pods not routed
+    yet are read: a gate never opened, or an engine process not admitted (a restarted container). Returns the
+    pods whose engine holds other weights (it loaded a revision that never completed), to be moved back.
     """
     goal = revisions.initial_goal(spec)
-    unopened = [name for name in view.order if not pod_readiness.routed(view.bodies[name])]
+    unopened = [name for name in view.order if everyone or not pod_readiness.routed(view.bodies[name])]
     states = await fanout.bounded((clients[name].observe() for name in unopened), READ_CONCURRENCY)
 
     async def one(name: str, state: EngineState) -> bool:

@@ -18,7 +18,7 @@ from reconcile_fakes import count_observations, harness, loads
 
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.handlers import wiring
-from rolloutfleet.reconcile import revision, revision_loop
+from rolloutfleet.reconcile import revision, revision_loop, status_writes
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 log = logging.getLogger(__name__)
@@ -172,6 +172,36 @@ async def test_deleting_a_revision_mid_rollout_returns_every_pod_to_the_served_r
             assert body is not None
             gates = {c["type"]: c["status"] for c in body["status"]["conditions"]}
             assert gates.get("rolloutfleet.io/weights-ready") == "True", (pod, gates)
+
+
+async def test_a_first_revision_deleted_after_its_gates_opened_returns_every_pod_to_the_initial_weights(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Found by the smoke soak once it ran again: a fleet's first revision deleted after its pods resumed and
+    their gates opened, right before the fleet recorded it. The fleet serves its initial weights, whose pass
+    read only the pods not routed (a fleet at rest costs no reads), so every pod stayed Ready on the deleted
+    revision's weights (soak check c) until it was applied again. Every pod must go back to the initial
+    weights, and only then be routed."""
+    async with harness(tmp_path, replicas=3) as h:
+        original = status_writes.still_exists
+
+        async def deleted_just_before_the_record(ctx: Any, rev: Any) -> bool:
+            h.delete_revision("step-1")
+            return await original(ctx, rev)
+
+        with mock.patch.object(status_writes, "still_exists", deleted_just_before_the_record):
+            h.apply_revision("step-1", 1)
+            await h.settle(require_idle=False, max_passes=1)
+        assert {p: h.served(p).verifier for p in h.pods} == dict.fromkeys(h.pods, 1)  # resumed on it, routed
+        await h.settle()
+        # (0: the initial checkpoint loaded back, ``transaction.INITIAL_REVISION``)
+        assert {p: h.served(p).verifier for p in h.pods} == dict.fromkeys(h.pods, 0), "still on the deleted one"
+        assert h.fleet_status().get("currentRevision") is None
+        for pod in h.pods:
+            body = h.kube.peek("v1", "Pod", h.namespace, pod)
+            assert body is not None
+            gates = {c["type"]: c for c in body["status"]["conditions"]}
+            assert gates["rolloutfleet.io/weights-ready"]["status"] == "True", (pod, gates)  # on revision 0, verified
 
 
 async def test_a_restarted_engine_is_kept_out_of_the_service_until_caught_up(tmp_path: pathlib.Path) -> None:
