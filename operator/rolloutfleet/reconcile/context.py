@@ -45,7 +45,7 @@ class FleetMemory:
     engine_view: dict[str, EngineState] = dataclasses.field(default_factory=dict)
     # The pod incarnation (``pod_readiness.incarnation``: uid and restart counts) each view was read through: a
     # pod recreated under the same name, or restarted, is another engine process.
-    engine_view_uids: dict[str, str] = dataclasses.field(default_factory=dict)
+    engine_view_incarnations: dict[str, str] = dataclasses.field(default_factory=dict)
     steps: dict[str, str] = dataclasses.field(default_factory=dict)
     probe_passed: dict[str, bool] = dataclasses.field(default_factory=dict)
     preflight_passed: dict[str, bool] = dataclasses.field(default_factory=dict)
@@ -109,20 +109,20 @@ class FleetMemory:
         self.preflight_passed = {k: v for k, v in self.preflight_passed.items() if k == key}
         self.unreachable_since = {k: v for k, v in self.unreachable_since.items() if k in pods}
         self.engine_view = {k: v for k, v in self.engine_view.items() if k in pods}
-        self.engine_view_uids = {k: v for k, v in self.engine_view_uids.items() if k in pods}
+        self.engine_view_incarnations = {k: v for k, v in self.engine_view_incarnations.items() if k in pods}
         self.steps = {k: v for k, v in self.steps.items() if k in pods}
         self.marks = {k: v for k, v in self.marks.items() if k == key}
 
-    def remember(self, states: dict[str, EngineState], uids: dict[str, str]) -> None:
+    def remember(self, states: dict[str, EngineState], incarnations: dict[str, str]) -> None:
         """The last engine observations, for the fleet status, each tied to the pod incarnation it was read
         through."""
         self.engine_view = dict(states)
-        self.engine_view_uids = {p: uids[p] for p in states if p in uids}
+        self.engine_view_incarnations = {p: incarnations[p] for p in states if p in incarnations}
 
     def replaced(self, pod: str, incarnation: str | None) -> bool:
         """The last observation of ``pod`` was read through another pod of that name (since recreated) or
         another process of its container (since restarted)."""
-        return incarnation is not None and self.engine_view_uids.get(pod) not in (None, incarnation)
+        return incarnation is not None and self.engine_view_incarnations.get(pod) not in (None, incarnation)
 
 
 @dataclasses.dataclass

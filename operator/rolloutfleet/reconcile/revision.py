@@ -193,18 +193,17 @@ async def reconcile_revisions(
         memory.rest = mark
         return PassOutcome()
     clients = {name: pool.for_address(view.bodies[name]["status"]["podIP"], spec.port) for name in view.order}
+    started = time.monotonic()
     try:
         if sel.goal is None:
-            started = time.monotonic()
             behind = await _initial_gates(ctx, spec, view, clients, everyone=not at_rest)
             if not behind:
                 memory.rest = mark if at_rest else RestMark(rest_goal, signature, started)
                 return PassOutcome()
             # Pods that hold something else than the initial weights (a revision deleted before it ever
             # completed): back to the initial weights, and only them (the others have nothing to reload).
-            sel = dataclasses.replace(sel, goal=revisions.initial_goal(spec))
+            sel = dataclasses.replace(sel, goal=rest_goal)
             view = dataclasses.replace(view, order=behind)
-        started = time.monotonic()
         rollout = RolloutPass(ctx, spec, fleet_body, memory, sel, view, clients, interrupted)
         outcome = await rollout.run()
         if resting and rollout.found_at_rest:

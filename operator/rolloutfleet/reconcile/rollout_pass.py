@@ -679,8 +679,8 @@ class RolloutPass:
         """Hand the engine observations and the pods' steps to the fleet status (``reconcile.fleet``), with the
         pods they came from: before each of the pass's fleet-status writes and at its end, so a fleet-status
         write in between (the fleet's own handler) shows what the last one showed, never older."""
-        uids = {p: pod_readiness.incarnation(b) for p, b in self.pods.bodies.items()}
-        self.memory.remember({p: self.states[p] for p in self.order if p in self.states}, uids)
+        incarnations = {p: pod_readiness.incarnation(b) for p, b in self.pods.bodies.items()}
+        self.memory.remember({p: self.states[p] for p in self.order if p in self.states}, incarnations)
         self.memory.steps = {p: d.step.value for p, d in self.decisions.items()}
 
     def _step_ended(self, pod: str, _task: asyncio.Task[None]) -> None:

@@ -193,7 +193,18 @@ def test_an_engine_restarted_at_rest_is_caught_up_from_its_pod(
         return follower.call(read()) == (revision, admitted)
 
     eventually(lambda: engine_at(1, True), timeout=30, what="the engine admitted on revision 1")
-    time.sleep(12)  # idle passes at rest (5 s apart here) found the fleet at rest: from now on they read nothing
+
+    # The fleet at rest: no call reaches the engine for longer than an idle period (5 s here). Waited for, so
+    # that what follows starts from a fleet that reads nothing, not from a pass that reads every engine anyway.
+    calls: dict[str, float] = {"count": -1, "since": time.monotonic()}
+
+    def quiet_for(seconds: float) -> bool:
+        count = len(follower.logs()[key])
+        if count != calls["count"]:
+            calls.update(count=count, since=time.monotonic())
+        return time.monotonic() - calls["since"] >= seconds
+
+    eventually(lambda: quiet_for(7), timeout=45, what="no engine call for 7 s (the fleet at rest)")
 
     async def crash() -> None:
         sim = follower.follower.sim
