@@ -27,7 +27,7 @@ from contract_support import (
     metric_sum,
 )
 
-from rolloutfleet.adapters.engine import EngineClient
+from rolloutfleet.adapters.engine import OBSERVE_CALL, EngineClient, rpc_call
 from rolloutfleet.adapters.engine_wire import Call, EngineRPCError, load_result_from_wire
 from rolloutfleet.api import engine as api
 from rolloutfleet_digest import digest_directory
@@ -507,6 +507,12 @@ async def test_the_observation_needs_the_bearer_token(target: Target) -> None:
 # --- a step's calls in one request (POST /rolloutfleet/sequence; rolloutfleet_worker.sequence) -----------
 
 RESET = Call("/reset_prefix_cache", "reset_prefix_cache", query=(("reset_running_requests", "true"),))
+
+
+def preflight_calls(checks: list[tuple[api.Target, str]]) -> list[Call]:
+    return [rpc_call("rolloutfleet_preflight", {"target": str(t), "path": p}, step=f"preflight:{t}") for t, p in checks]
+
+
 RESUME = Call("/resume", "resume")
 
 
@@ -600,6 +606,25 @@ async def test_both_pre_flights_in_one_request_each_answer_their_own(target: Tar
     )
     assert isinstance(mixed[0], EngineRPCError) and mixed[0].code == "invalid_path"
     assert mixed[1] == good[1]
+
+
+async def test_the_pre_flights_and_the_read_after_them_in_one_request(target: Target, engine: EngineClient) -> None:
+    """A revision's pre-flight and its first read of the engine in one request (issue 18): the observation is
+    the sequence's last call, read after the pre-flights, and the client makes of it exactly the state a read
+    of its own makes (on a paused engine too, so that the read is not of a default); the pre-flights answer as
+    on their own, a refused one included."""
+    w = target.weights
+    await load_pair(engine, w.verifier_a, w.draft_a, 1)
+    await engine.pause(mode="keep", clear_cache=False)
+    checks = [(api.Target.VERIFIER, "/nonexistent/rolloutfleet/x"), (api.Target.DRAFT, w.draft_b)]
+    alone = await engine.observe()
+    answer = await engine.sequence([*preflight_calls(checks), OBSERVE_CALL], stop=False)
+    assert answer is not None and [p["status"] for p in answer.parts] == [200, 200, 200]
+    results, state = await engine.preflights_then_observe(checks)
+    assert state == alone and state.paused
+    assert isinstance(results[0], EngineRPCError) and results[0].code == "invalid_path"
+    assert results[1] == (await engine.preflights(checks))[1]
+    await engine.resume()
 
 
 async def test_a_sleep_mode_pause_sleep_wake_and_load_in_one_request(target: Target, engine: EngineClient) -> None:

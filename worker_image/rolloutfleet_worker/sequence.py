@@ -29,8 +29,11 @@ objects compared key by key, anything else by equality, a missing key reads as n
 ``"stop": false`` (calls that change nothing, e.g. the pre-flights of both targets), the calls stop after the
 first one that failed: a status outside 2xx, or a ``/collective_rpc`` with a result that is not ``ok`` (an
 extension error: e.g. a verifier commit whose bytes changed never lets the draft's commit run). The admission
-routes (``/rolloutfleet/admit``, ``/rolloutfleet/withdraw``) may be calls too; the other ``/rolloutfleet/``
-routes may not (400).
+routes (``/rolloutfleet/admit``, ``/rolloutfleet/withdraw``) may be calls too, and ``GET /rolloutfleet/observe``
+(``observation``: answered as on its own, read when its turn comes, so after the calls before it): the
+operator's pre-flight reads the engine in the pre-flight's own request, one request per engine fewer before a
+revision's first pause (issue 18). The other ``/rolloutfleet/`` routes may not (400); an image from before
+the observation was allowed answers that 400 too, and the operator then sends the read apart.
 """
 
 from __future__ import annotations
@@ -93,7 +96,9 @@ def _call(index: int, call: Any) -> dict[str, Any]:
         raise BodyError(f"{where}.method must be one of {sorted(METHODS)}")
     if not isinstance(path, str) or not path.startswith("/") or "?" in path:
         raise BodyError(f"{where}.path must be an absolute path without a query")
-    if path.startswith("/rolloutfleet/") and path not in admission.CONTROL_PATHS:
+    if path == observation.OBSERVE_PATH and method != "GET":
+        raise BodyError(f"{where}: {path} is read with GET")
+    if path.startswith("/rolloutfleet/") and path not in admission.CONTROL_PATHS | {observation.OBSERVE_PATH}:
         raise BodyError(f"{where}.path: {path} cannot be part of a sequence")
     if not isinstance(query, str):
         raise BodyError(f"{where}.query must be a string")
@@ -179,10 +184,18 @@ def _state_holds(state: dict[str, Any], expect: Any) -> bool:
 
 async def _run(app: ASGIApp, admitted: admission.Admission, scope: Scope, call: dict[str, Any]) -> dict[str, Any]:
     """One call, in process: vLLM's routes through the app below the middleware, the admission routes (ours,
-    not vLLM's) through the admission itself; both captured the same way (``observation.call``)."""
+    not vLLM's) through the admission itself, the observation through ``observation.serve``; all captured the
+    same way (``observation.call``)."""
 
     async def control(inner: Scope, receive: Receive, send: Send) -> None:
         await admission.serve_control(admitted, inner, receive, send)
 
-    target: ASGIApp = control if call["path"] in admission.CONTROL_PATHS else app
+    async def observe(inner: Scope, _receive: Receive, send: Send) -> None:
+        await observation.serve(app, admitted, inner, send)
+
+    target: ASGIApp = app
+    if call["path"] in admission.CONTROL_PATHS:
+        target = control
+    elif call["path"] == observation.OBSERVE_PATH:
+        target = observe
     return await observation.call(target, scope, call["method"], call["path"], call["json"], call["query"])

@@ -1,7 +1,8 @@
 """Pre-flight: before any pod leaves service for a revision, the engines check its checkpoints.
 
-Called by ``reconcile.rollout_pass`` once per revision, before its first step (``check_pod``, each engine's
-first read following its own pre-flight on the same connection). Each engine is asked
+Called by ``reconcile.rollout_pass`` once per revision, before its first step (``check_then_read``: each
+engine's pre-flight and then its first read of the pass, in one request where the image takes an observation
+among a sequence's calls). Each engine is asked
 (``rolloutfleet_preflight``, headers and sizes only, no tensor bytes) whether its load of the verifier and
 draft could succeed: every file there, readable under the fleet's allowed roots, enough elements for the
 model. A checkpoint that is missing, unreadable or too small for the model is found while every pod still
@@ -19,7 +20,7 @@ import logging
 
 from rolloutfleet.adapters import engine_wire
 from rolloutfleet.adapters.engine import EngineClient
-from rolloutfleet.api.engine import Target
+from rolloutfleet.api.engine import EngineState, PreflightResult, Target
 from rolloutfleet.planning.transaction import Goal
 
 log = logging.getLogger(__name__)
@@ -50,8 +51,14 @@ async def check_pod(pod: str, client: EngineClient, checks: list[tuple[Target, s
     """One engine's refusals of ``checks`` (``targets``); both in one request where it can."""
     if not checks:
         return []
+    return _refusals(pod, checks, await client.preflights(checks, deadline=deadline))
+
+
+def _refusals(
+    pod: str, checks: list[tuple[Target, str]], answers: list[PreflightResult | engine_wire.EngineError]
+) -> list[Refusal]:
+    """The refusals among one engine's pre-flight answers; anything not conclusive is logged, not refused."""
     refusals = []
-    answers = await client.preflights(checks, deadline=deadline)
     for (target, _), answer in zip(checks, answers, strict=True):
         if isinstance(answer, engine_wire.EngineRPCError):
             if answer.code in CHECKPOINT_CODES:
@@ -61,6 +68,17 @@ async def check_pod(pod: str, client: EngineClient, checks: list[tuple[Target, s
         elif isinstance(answer, engine_wire.EngineError):  # unreachable, an older image (no such RPC), a 500
             log.info("pod %s: no pre-flight of the %s: %s", pod, target, answer)
     return refusals
+
+
+async def check_then_read(
+    pod: str, client: EngineClient, checks: list[tuple[Target, str]], deadline: float
+) -> tuple[list[Refusal], EngineState]:
+    """``check_pod``, then what the engine holds (its first read of the pass), in one request where it can
+    (``EngineClient.preflights_then_observe``)."""
+    if not checks:
+        return [], await client.observe()
+    answers, state = await client.preflights_then_observe(checks, deadline=deadline)
+    return _refusals(pod, checks, answers), state
 
 
 def summary(refusals: list[Refusal], total: int) -> str:

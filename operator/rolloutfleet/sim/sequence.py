@@ -22,6 +22,7 @@ SEQUENCE_PATH: Final = "/rolloutfleet/sequence"
 MAX_BODY_BYTES: Final = 64 * 1024
 MAX_CALLS: Final = 16
 ADMISSION_PATHS: Final = frozenset({"/rolloutfleet/admit", "/rolloutfleet/withdraw"})
+OBSERVE_PATH: Final = "/rolloutfleet/observe"  # a call too (GET): the pre-flight's request reads the engine
 STATE_RPC: Final = {"method": "rolloutfleet_state", "args": [], "kwargs": {}}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -86,7 +87,9 @@ def parse(raw: bytes) -> tuple[str | None, Any, list[dict[str, Any]], bool]:
             raise BodyError(f"{where}.method must be one of ['GET', 'POST']")
         if not isinstance(path, str) or not path.startswith("/") or "?" in path:
             raise BodyError(f"{where}.path must be an absolute path without a query")
-        if path.startswith("/rolloutfleet/") and path not in ADMISSION_PATHS:
+        if path == OBSERVE_PATH and method != "GET":
+            raise BodyError(f"{where}: {path} is read with GET")
+        if path.startswith("/rolloutfleet/") and path not in ADMISSION_PATHS | {OBSERVE_PATH}:
             raise BodyError(f"{where}.path: {path} cannot be part of a sequence")
         if not isinstance(query, str):
             raise BodyError(f"{where}.query must be a string")

@@ -12,6 +12,7 @@ import pathlib
 import struct
 import time
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -258,3 +259,62 @@ async def test_both_pre_flights_answer_apart_whether_sent_together_or_not(
     )
     assert isinstance(answers[0], EngineRPCError) and answers[0].code == "invalid_path"
     assert answers[1] == await client.preflight(api.Target.DRAFT, ckpt["d2"])
+
+
+@pytest.mark.parametrize(
+    ("refusal", "requests"),
+    [
+        (None, ["sequence:rolloutfleet_preflight:verifier+rolloutfleet_preflight:draft+observe"]),
+        # An image from before an observation could be a call: its sequence refuses it before running anything.
+        (
+            400,
+            [
+                "sequence:rolloutfleet_preflight:verifier+rolloutfleet_preflight:draft+observe",
+                "sequence:rolloutfleet_preflight:verifier+rolloutfleet_preflight:draft",
+                "observe",
+            ],
+        ),
+        # An image without sequences: a pre-flight each, and the read apart.
+        (
+            404,
+            [
+                "sequence:rolloutfleet_preflight:verifier+rolloutfleet_preflight:draft+observe",
+                "rolloutfleet_preflight",
+                "rolloutfleet_preflight",
+                "observe",
+            ],
+        ),
+    ],
+    ids=["one-request", "an-image-refusing-the-read-in-a-sequence", "an-image-without-sequences"],
+)
+async def test_the_pre_flights_and_the_first_read_go_in_one_request_where_the_image_allows(
+    client: EngineClient, sim: SimulatedEngine, ckpt: dict[str, str], refusal: int | None, requests: list[str]
+) -> None:
+    """Issue 18: before a revision's first pause every engine was checked and then read, two requests each.
+    Where the image takes the observation among a sequence's calls both go in one; elsewhere they go apart as
+    before, with the same answers, and an image that refused is remembered (its next pre-flight sends the
+    read apart straight away)."""
+    checks = [(api.Target.VERIFIER, ckpt["root"] + "/missing"), (api.Target.DRAFT, ckpt["d2"])]
+    expected = (await client.preflights(checks), await client.observe())
+    if refusal is not None:
+        body = {"detail": "Not Found"} if refusal == 404 else {"error": {"message": "cannot be part of a sequence"}}
+        # The older image refuses only the sequences that carry the read (the fault: the first one here).
+        count = 1 if refusal == 400 else None
+        sim.add_fault(FaultRule(step="sequence", kind=FaultKind.HTTP_ERROR, status=refusal, body=body, count=count))
+    sent: list[str] = []
+    original = EngineClient._sent
+
+    async def counted(self: EngineClient, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(kwargs.get("step")))
+        return await original(self, *args, **kwargs)
+
+    with mock.patch.object(EngineClient, "_sent", counted):
+        for attempt in range(2):
+            sent.clear()
+            results, state = await client.preflights_then_observe(checks)
+            assert isinstance(results[0], EngineRPCError) and results[0].code == "invalid_path"
+            assert results[1] == expected[0][1] and state == expected[1]
+            if refusal is not None and attempt:  # remembered: the read goes apart without asking again
+                assert sent == requests[1:], sent
+            else:
+                assert sent == requests, sent

@@ -409,7 +409,8 @@ def fast_retries() -> Iterator[None]:
 
 @contextlib.contextmanager
 def count_observations(h: Harness) -> Iterator[None]:
-    """Count ``EngineClient.observe`` calls (one engine state read each) per pod into ``h.observations``, and
+    """Count ``EngineClient.observe`` calls and the reads that ride in a pre-flight's request (one engine state
+    read each) per pod into ``h.observations``, and
     every HTTP request to an engine per (pod, step) into ``h.requests``."""
     original = EngineClient.observe
 
@@ -419,6 +420,19 @@ def count_observations(h: Harness) -> Iterator[None]:
         h.observations[pod] += 1
         return await original(client)
 
+    original_both = EngineClient.preflights_then_observe
+
+    async def preflights_then_observe(client: EngineClient, *args: Any, **kwargs: Any) -> Any:
+        # One state read whether it rode in the pre-flight's request or was sent apart (then ``observe``,
+        # counted above, already counted it).
+        ip = client.base_url.removeprefix("http://").rsplit(":", 1)[0]
+        pod = next((p for p, a in h.pod_ips.items() if a == ip), ip)
+        before = h.observations[pod]
+        answer = await original_both(client, *args, **kwargs)
+        if h.observations[pod] == before:
+            h.observations[pod] += 1
+        return answer
+
     original_sent = EngineClient._sent
 
     async def sent(client: EngineClient, method: str, path: str, token: str | None, **kwargs: Any) -> Any:
@@ -427,7 +441,11 @@ def count_observations(h: Harness) -> Iterator[None]:
         h.requests[(pod, str(kwargs.get("step")))] += 1
         return await original_sent(client, method, path, token, **kwargs)
 
-    with mock.patch.object(EngineClient, "observe", observe), mock.patch.object(EngineClient, "_sent", sent):
+    with (
+        mock.patch.object(EngineClient, "observe", observe),
+        mock.patch.object(EngineClient, "preflights_then_observe", preflights_then_observe),
+        mock.patch.object(EngineClient, "_sent", sent),
+    ):
         yield
 
 

@@ -336,21 +336,13 @@ async def test_a_missing_checkpoint_fails_before_any_pod_leaves_service(tmp_path
 
 async def test_each_engine_is_read_right_after_its_own_pre_flight(tmp_path: pathlib.Path) -> None:
     """Issue 18: at 1,024 pods on 16 cores the pre-flight took 0.30 s and the first read of the engines 0.15 s
-    after it, both before any pod moves. Both only read, so each engine is read as soon as its own pre-flight
-    answered, not after the whole fleet's: one engine's pre-flight is held until the others have been read (read
+    after it, both before any pod moves. Both only read, so each engine is read with its own pre-flight (in its
+    request), not after the whole fleet's: one engine's pre-flight is held until the others have been read (read
     after every pre-flight, as before, they never would be) and its own read waits for it; the revision then
     completes from those answers."""
     async with harness(tmp_path, replicas=3) as h:
         arrived, held, slow_ip = asyncio.Event(), asyncio.Event(), h.pod_ips["policy-0"]
         before: dict[str, int] = {}  # each engine's reads when the held pre-flight arrived
-        original = EngineClient.preflights
-
-        async def preflights(client: EngineClient, *args: Any, **kwargs: Any) -> Any:
-            if client.base_url.removeprefix("http://").rsplit(":", 1)[0] == slow_ip:
-                before.update(h.observations)
-                arrived.set()
-                await held.wait()
-            return await original(client, *args, **kwargs)
 
         async def release_once_the_others_were_read() -> None:
             await arrived.wait()
@@ -359,9 +351,19 @@ async def test_each_engine_is_read_right_after_its_own_pre_flight(tmp_path: path
             assert h.observations["policy-0"] == before.get("policy-0", 0)  # its read waits for its pre-flight
             held.set()
 
-        with count_observations(h), mock.patch.object(EngineClient, "preflights", preflights):
-            h.apply_revision("step-1", 1)
-            await asyncio.gather(h.settle(), release_once_the_others_were_read())
+        with count_observations(h):
+            original = EngineClient.preflights_then_observe  # the counting one
+
+            async def preflights(client: EngineClient, *args: Any, **kwargs: Any) -> Any:
+                if client.base_url.removeprefix("http://").rsplit(":", 1)[0] == slow_ip:
+                    before.update(h.observations)
+                    arrived.set()
+                    await held.wait()
+                return await original(client, *args, **kwargs)
+
+            with mock.patch.object(EngineClient, "preflights_then_observe", preflights):
+                h.apply_revision("step-1", 1)
+                await asyncio.gather(h.settle(), release_once_the_others_were_read())
         assert h.revision_status("step-1")["phase"] == "Succeeded"
         assert {p: h.served(p) for p in h.pods} == dict.fromkeys(h.pods, (1, 1, False))
 

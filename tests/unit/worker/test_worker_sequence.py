@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from rolloutfleet_worker import auth, sequence
+from rolloutfleet_worker import auth, observation, sequence
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("token_file")]
 
@@ -36,6 +36,7 @@ class FakeVllm:
         self.seen: list[tuple[str, str, str | None, Any]] = []
         self.state: dict[str, Any] = dict(STATE, draft=None, session=None)
         self.commit_fails: set[str] = set()
+        self.paused = False
 
     async def _note(self, request: Request) -> Any:
         body = await request.json() if request.method == "POST" and await request.body() else None
@@ -48,6 +49,8 @@ class FakeVllm:
             return JSONResponse({"success": True})
         if request.url.path == "/pause" and request.query_params.get("mode") not in ("keep", "wait", "abort"):
             return JSONResponse({"error": "invalid pause mode"}, status_code=400)
+        if request.url.path == "/pause":
+            self.paused = True
         return JSONResponse({"status": "ok"})
 
     async def collective_rpc(self, request: Request) -> Response:
@@ -62,11 +65,16 @@ class FakeVllm:
             return JSONResponse({"results": [{"ok": True, "target": target}]})
         return PlainTextResponse("Internal Server Error", status_code=500)
 
+    async def is_paused(self, request: Request) -> Response:
+        await self._note(request)
+        return JSONResponse({"is_paused": self.paused})
+
     def app(self) -> Starlette:
         routes = [
             Route(p, self.simple, methods=["POST"]) for p in ("/pause", "/resume", "/wake_up", "/reset_prefix_cache")
         ]
         routes.append(Route("/collective_rpc", self.collective_rpc, methods=["POST"]))
+        routes.append(Route("/is_paused", self.is_paused, methods=["GET"]))
         app = Starlette(routes=routes)
         app.add_middleware(auth.ControlAuthMiddleware)  # what vLLM's --middleware does
         return app
@@ -203,6 +211,26 @@ async def test_the_guard_runs_nothing_on_weights_the_operator_did_not_see(
         assert [p for p, _, _, _ in vllm.seen] == ["/collective_rpc"], change  # only the guard's read
 
 
+async def test_an_observation_among_the_calls_is_answered_as_on_its_own_after_the_calls_before_it(
+    engine: tuple[FakeVllm, httpx.AsyncClient],
+) -> None:
+    """The operator's pre-flight reads the engine in its own request (issue 18): the observation is the last
+    call, answered with the body ``GET /rolloutfleet/observe`` answers, and read after the calls before it."""
+    vllm, client = engine
+    alone = (await client.get(observation.OBSERVE_PATH, headers=AUTH)).json()
+    vllm.seen.clear()
+    calls = [{"path": "/pause", "query": "mode=keep"}, {"path": observation.OBSERVE_PATH, "method": "GET"}]
+    body = (await client.post(sequence.SEQUENCE_PATH, headers=AUTH, json={"calls": calls, "stop": False})).json()
+    assert [p["status"] for p in body["results"]] == [200, 200]
+    read = body["results"][1]["body"]
+    assert read["admission"] == alone["admission"]
+    assert read["routes"]["state"] == alone["routes"]["state"]
+    assert read["routes"]["is_paused"] == {"status": 200, "body": {"is_paused": True}}  # after the pause
+    assert alone["routes"]["is_paused"] == {"status": 200, "body": {"is_paused": False}}
+    assert next(p for p, _, _, _ in vllm.seen) == "/pause"  # the pause ran first, the reads after it
+    assert {h for _, _, h, _ in vllm.seen} == {AUTH["Authorization"]}
+
+
 async def test_admission_calls_are_answered_by_the_middleware(engine: tuple[FakeVllm, httpx.AsyncClient]) -> None:
     vllm, client = engine
     await client.post("/rolloutfleet/admit", headers=AUTH, json={"revision": 1})
@@ -231,7 +259,8 @@ async def test_the_sequence_needs_the_token_and_reaches_nothing_without_it(
         ({"calls": [{"path": "/resume?x=1"}]}, "calls[0].path"),
         ({"calls": [{"path": "/resume", "method": "DELETE"}]}, "calls[0].method"),
         ({"calls": [{"path": "/rolloutfleet/sequence"}]}, "cannot be part of a sequence"),
-        ({"calls": [{"path": "/rolloutfleet/observe"}]}, "cannot be part of a sequence"),
+        ({"calls": [{"path": "/rolloutfleet/observe"}]}, "is read with GET"),  # POST: the default method
+        ({"calls": [{"path": "/rolloutfleet/ready", "method": "GET"}]}, "cannot be part of a sequence"),
         ({"calls": RESUME, "expect": [1]}, "expect must be a JSON object"),
         ({"calls": RESUME, "instance": ""}, "instance must be"),
         ({"calls": [{"path": "/resume", "expect": [True]}]}, "calls[0].expect"),
