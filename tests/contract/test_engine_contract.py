@@ -27,7 +27,7 @@ from contract_support import (
     metric_sum,
 )
 
-from rolloutfleet.adapters.engine import OBSERVE_CALL, EngineClient, rpc_call
+from rolloutfleet.adapters.engine import OBSERVE_CALL, EngineClient, preflight_calls
 from rolloutfleet.adapters.engine_wire import Call, EngineRPCError, load_result_from_wire
 from rolloutfleet.api import engine as api
 from rolloutfleet_digest import digest_directory
@@ -507,10 +507,6 @@ async def test_the_observation_needs_the_bearer_token(target: Target) -> None:
 # --- a step's calls in one request (POST /rolloutfleet/sequence; rolloutfleet_worker.sequence) -----------
 
 RESET = Call("/reset_prefix_cache", "reset_prefix_cache", query=(("reset_running_requests", "true"),))
-
-
-def preflight_calls(checks: list[tuple[api.Target, str]]) -> list[Call]:
-    return [rpc_call("rolloutfleet_preflight", {"target": str(t), "path": p}, step=f"preflight:{t}") for t, p in checks]
 
 
 RESUME = Call("/resume", "resume")

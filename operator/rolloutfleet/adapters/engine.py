@@ -447,10 +447,7 @@ class EngineClient:
     ) -> list[api.PreflightResult | wire.EngineError]:
         """``preflight`` of each (target, path), in one request where the image takes sequences (every one
         runs whatever the others answer); each a result or the error its own request would have raised."""
-        calls = [
-            rpc_call("rolloutfleet_preflight", {"target": str(t), "path": p}, step=f"rolloutfleet_preflight:{t}")
-            for t, p in targets
-        ]
+        calls = preflight_calls(targets)
         answer: wire.SequenceAnswer | None = None
         if len(calls) > 1:
             try:
@@ -465,6 +462,12 @@ class EngineClient:
                 if isinstance(failure, BaseException) and not isinstance(failure, wire.EngineError):
                     raise failure  # a bug, not an engine's answer
             return cast(list[api.PreflightResult | wire.EngineError], apart)
+        return self._preflight_parts(answer, calls)
+
+    def _preflight_parts(
+        self, answer: wire.SequenceAnswer, calls: list[wire.Call]
+    ) -> list[api.PreflightResult | wire.EngineError]:
+        """The pre-flights ``calls`` (the first calls of ``answer``'s sequence): each a result or its error."""
         out: list[api.PreflightResult | wire.EngineError] = []
         for index, call in enumerate(calls):
             try:
@@ -488,10 +491,7 @@ class EngineClient:
         whole (its pre-flights then report that error, and the read says what it can)."""
         if not targets or _believed(self._read_apart, self.base_url, ENVELOPE_RECHECK_SECONDS):
             return await self.preflights(targets, deadline=deadline), await self.observe()
-        calls = [
-            rpc_call("rolloutfleet_preflight", {"target": str(t), "path": p}, step=f"rolloutfleet_preflight:{t}")
-            for t, p in targets
-        ]
+        calls = preflight_calls(targets)
         ticket = self._loads.ticket()
         try:
             answer = await self.sequence([*calls, OBSERVE_CALL], stop=False, deadline=deadline)
@@ -505,12 +505,7 @@ class EngineClient:
         if answer is None:  # no sequences here, or none that take an observation
             return await self.preflights(targets, deadline=deadline), await self.observe()
         self._read_apart.pop(self.base_url, None)
-        results: list[api.PreflightResult | wire.EngineError] = []
-        for index, call in enumerate(calls):
-            try:
-                results.append(self._preflight_result(self.rpc_part(answer, index, call), call.step))
-            except wire.EngineError as exc:
-                results.append(exc)
+        results = self._preflight_parts(answer, calls)
         read = answer.parts[len(calls)] if len(answer.parts) > len(calls) else None
         if read is None or read.get("status") != 200:  # e.g. a fault on the route: read it on its own
             return results, await self.observe()
@@ -1117,6 +1112,14 @@ class EnginePool:
 
     def for_address(self, ip: str, port: int = 8000) -> EngineClient:
         return self.client(f"http://{ip}:{port}")
+
+
+def preflight_calls(targets: Sequence[tuple[api.Target, str]]) -> list[wire.Call]:
+    """``preflight`` of each (target, path) as calls of a sequence."""
+    return [
+        rpc_call("rolloutfleet_preflight", {"target": str(t), "path": p}, step=f"rolloutfleet_preflight:{t}")
+        for t, p in targets
+    ]
 
 
 def rpc_call(

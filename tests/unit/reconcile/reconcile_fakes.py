@@ -407,6 +407,12 @@ def fast_retries() -> Iterator[None]:
         yield
 
 
+def pod_of(h: Harness, client: EngineClient) -> str:
+    """The pod an engine client talks to (its IP when no pod of the harness has it)."""
+    ip = client.base_url.removeprefix("http://").rsplit(":", 1)[0]
+    return next((p for p, a in h.pod_ips.items() if a == ip), ip)
+
+
 @contextlib.contextmanager
 def count_observations(h: Harness) -> Iterator[None]:
     """Count ``EngineClient.observe`` calls and the reads that ride in a pre-flight's request (one engine state
@@ -415,8 +421,7 @@ def count_observations(h: Harness) -> Iterator[None]:
     original = EngineClient.observe
 
     async def observe(client: EngineClient) -> engine.EngineState:
-        ip = client.base_url.removeprefix("http://").rsplit(":", 1)[0]
-        pod = next((p for p, a in h.pod_ips.items() if a == ip), ip)
+        pod = pod_of(h, client)
         h.observations[pod] += 1
         return await original(client)
 
@@ -425,8 +430,7 @@ def count_observations(h: Harness) -> Iterator[None]:
     async def preflights_then_observe(client: EngineClient, *args: Any, **kwargs: Any) -> Any:
         # One state read whether it rode in the pre-flight's request or was sent apart (then ``observe``,
         # counted above, already counted it).
-        ip = client.base_url.removeprefix("http://").rsplit(":", 1)[0]
-        pod = next((p for p, a in h.pod_ips.items() if a == ip), ip)
+        pod = pod_of(h, client)
         before = h.observations[pod]
         answer = await original_both(client, *args, **kwargs)
         if h.observations[pod] == before:
@@ -436,8 +440,7 @@ def count_observations(h: Harness) -> Iterator[None]:
     original_sent = EngineClient._sent
 
     async def sent(client: EngineClient, method: str, path: str, token: str | None, **kwargs: Any) -> Any:
-        ip = client.base_url.removeprefix("http://").rsplit(":", 1)[0]
-        pod = next((p for p, a in h.pod_ips.items() if a == ip), ip)
+        pod = pod_of(h, client)
         h.requests[(pod, str(kwargs.get("step")))] += 1
         return await original_sent(client, method, path, token, **kwargs)
 

@@ -14,7 +14,7 @@ from unittest import mock
 
 import kopf
 import pytest
-from reconcile_fakes import count_observations, harness, loads
+from reconcile_fakes import count_observations, harness, loads, pod_of
 
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.handlers import wiring
@@ -341,7 +341,7 @@ async def test_each_engine_is_read_right_after_its_own_pre_flight(tmp_path: path
     after every pre-flight, as before, they never would be) and its own read waits for it; the revision then
     completes from those answers."""
     async with harness(tmp_path, replicas=3) as h:
-        arrived, held, slow_ip = asyncio.Event(), asyncio.Event(), h.pod_ips["policy-0"]
+        arrived, held = asyncio.Event(), asyncio.Event()
         before: dict[str, int] = {}  # each engine's reads when the held pre-flight arrived
 
         async def release_once_the_others_were_read() -> None:
@@ -355,7 +355,7 @@ async def test_each_engine_is_read_right_after_its_own_pre_flight(tmp_path: path
             original = EngineClient.preflights_then_observe  # the counting one
 
             async def preflights(client: EngineClient, *args: Any, **kwargs: Any) -> Any:
-                if client.base_url.removeprefix("http://").rsplit(":", 1)[0] == slow_ip:
+                if pod_of(h, client) == "policy-0":
                     before.update(h.observations)
                     arrived.set()
                     await held.wait()
