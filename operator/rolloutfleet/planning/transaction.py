@@ -483,6 +483,14 @@ def chain(goal: Goal, state: EngineState, first: Step, *, loads: bool = True) ->
     return tuple(steps)
 
 
+def as_last_starts(goal: Goal, state: EngineState, steps: tuple[Step, ...]) -> EngineState:
+    """The engine's state once every step of a chain but its last succeeded: what it holds while the last (a
+    load, a commit: the long one) runs. The status shows that meanwhile, not the state before the chain."""
+    for step in steps[:-1]:
+        state = acknowledged(state, step, goal)
+    return state
+
+
 def _committed(stage: StageState | None, target: Target) -> StageState | None:
     """The stage after ``target`` was committed from it: released after its last target (the engine frees it)."""
     if stage is None:

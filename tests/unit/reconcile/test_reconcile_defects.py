@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from kube_fakes import FakeCall
-from reconcile_fakes import WRONG_DIGEST, condition, harness, loaded, pauses
+from reconcile_fakes import WRONG_DIGEST, call_name, condition, harness, loaded, ok_calls, pauses
 
 from rolloutfleet.reconcile import revision as revision_reconcile
 from rolloutfleet.sim.config import FaultKind, FaultRule
@@ -401,3 +401,39 @@ async def test_an_all_at_once_fleet_paused_together_writes_no_progress_until_it_
         assert h.revision_status("step-1")["phase"] == "Succeeded"
         assert [t - paused for t in writes if paused < t < released] == []
         assert any(t > released for t in writes)
+
+
+async def test_the_fleet_status_does_not_claim_weights_a_running_chain_released(tmp_path: pathlib.Path) -> None:
+    """Found by the smoke soak (bench/results/soak_smoke.md, "Re-runs": status.pods said r9, step LoadVerifier,
+    for 3.2 s while policy-6's engine had slept under a slow load, on every tree since steps were chained).
+
+    A sleep-mode pod's pause, sleep, wake and verifier load go to its engine in one request
+    (``transaction.chain``), and the status shows the chain's last step at once. Its state was only updated when
+    the whole request answered, so for as long as the load ran status.pods paired that step with the revision
+    the engine held before the pause: a pod reported serving weights its engine had already released. Each
+    pod's row shows what the engine holds while its last step runs (nothing verified): a status that says
+    what is served must never say more than the engine holds."""
+    async with harness(tmp_path, replicas=3, mode="sleep") as h:
+        h.apply_revision("step-1", 1)
+        await h.settle()
+        before = {p["name"]: p.get("revision") for p in h.fleet_status()["pods"]}
+        assert before == dict.fromkeys(h.pods, 1), before
+        gates = {p: h.hold_loads(p) for p in h.pods}
+        h.apply_revision("step-2", 2)
+        run = asyncio.ensure_future(h.settle())
+        try:
+            # The loads are held: every engine has paused and slept, and runs the chain's last step.
+            await h.wait_for(h.pods, lambda log: sum(call_name(e) == "sleep:2" for e in ok_calls(log)) == 2)
+
+            def shown() -> dict[str, tuple[Any, Any]]:
+                return {p["name"]: (p.get("step"), p.get("revision")) for p in h.fleet_status().get("pods") or []}
+
+            # A status write during the pass (after the AllAtOnce quiet moment) shows the load under way.
+            await h.until(lambda: all(s == "LoadVerifier" for s, _ in shown().values()), "the load shown", 6.0)
+            assert {p: r for p, (_, r) in shown().items()} == dict.fromkeys(h.pods, None), shown()
+        finally:
+            for gate in gates.values():
+                gate.set()
+            await run
+        assert h.revision_status("step-2")["phase"] == "Succeeded"
+        assert {p["name"]: p.get("revision") for p in h.fleet_status()["pods"]} == dict.fromkeys(h.pods, 2)
