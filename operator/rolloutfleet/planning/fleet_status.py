@@ -63,24 +63,20 @@ def observed(
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     sts_status = (sts or {}).get("status") or {}
     update_revision = sts_status.get("updateRevision")
+    engines = engines or {}
     entries = []
+    # One entry per pod, built once: this runs for every fleet status write, at 1,024 pods every two seconds
+    # during a pass and at each resync (a second model per pod for what it carried over was a third of it).
     for pod in sorted(live, key=lambda p: _ordinal(p["metadata"]["name"])):
         name = pod["metadata"]["name"]
-        carried = previous.get(name)
-        seen = (engines or {}).get(name)
-        if seen is not None:
-            carried = PodState(
-                name=name,
-                revision=seen.revision,
-                draft_revision=seen.draft_revision,
-                step=seen.step,
-                weight_version=seen.weight_version,
-            )
+        status = pod.get("status") or {}
+        seen = engines.get(name)
+        carried = seen if seen is not None else previous.get(name)
         entries.append(
             PodState(
                 name=name,
-                ip=(pod.get("status") or {}).get("podIP"),
-                phase=(pod.get("status") or {}).get("phase") or "Pending",
+                ip=status.get("podIP"),
+                phase=status.get("phase") or "Pending",
                 ready=_pod_ready(pod),
                 revision=carried.revision if carried else None,
                 draft_revision=carried.draft_revision if carried else None,

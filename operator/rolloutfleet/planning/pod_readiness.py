@@ -58,10 +58,16 @@ def incarnation(pod: Manifest) -> str:
 
 def routed(pod: Manifest) -> bool:
     """The pod is behind the Service: containers ready, and every readiness gate of its spec True."""
+    # The conditions by type, read once (each lookup walked the list again: the fleet status asks this of
+    # every pod at every write). Reversed so that, as in ``condition``, the first of a type counts.
+    conds = {c.get("type"): c.get("status") for c in reversed((pod.get("status") or {}).get("conditions") or [])}
     gated = _gated(pod)
     if not gated:
-        return condition(pod, "Ready") == "True"
-    return containers_ready(pod) and all(condition(pod, gate) == "True" for gate in gated)
+        return conds.get("Ready") == "True"
+    ready = conds.get("ContainersReady")
+    if (ready if ready is not None else conds.get("Ready")) != "True":
+        return False
+    return all(conds.get(gate) == "True" for gate in gated)
 
 
 def _gated(pod: Manifest) -> list[str]:
