@@ -78,7 +78,7 @@ from rolloutfleet.sandbox import binaries, cluster, demo_weights, operator_proce
 from rolloutfleet.sim import server as sim_server
 from rolloutfleet.sim.config import FaultKind, FaultRule, Latencies, WeightsConfig
 from rolloutfleet.sim.fleet import SimulatedFleet
-from rolloutfleet.sim.follower import FollowedPod, PodFollower, engine_spec_for
+from rolloutfleet.sim.follower import PodFollower
 
 T = TypeVar("T")
 GROUP, VERSION = "rolloutfleet.io", "v1alpha1"
@@ -165,35 +165,18 @@ class SoakFollower(PodFollower):
     token_grace: float = 300.0
     rng: random.Random = dataclasses.field(default_factory=random.Random)
 
-    async def sync(self, pods: dict[str, FollowedPod]) -> int:
-        fleet, token = await self._read()
-        if fleet is None or token is None:
-            return 0 if self.sim is None else len(self.sim.engines)
-        if self.sim is None:
-            self.sim = SimulatedFleet(token=token, weights=self.weights, latencies=self.latencies)
-            await self.sim.start()
-        elif self.sim.token != token:
-            self.sim.token = token
-            loop = asyncio.get_running_loop()
-            for engine in self.sim.engines.values():
-                if isinstance(engine, RotatingEngine):
-                    loop.call_later(self.rng.uniform(0, self.token_propagation), engine.rotate, token, self.token_grace)
-        port = int((fleet.get("spec") or {}).get("port") or 8000)
-        spec = engine_spec_for(fleet)
-        wanted = {f"{p.ip}:{port}": p for p in pods.values() if p.running and p.ip}
-        for key in list(self.sim.engines):
-            if key not in wanted:
-                ip, _, p = key.rpartition(":")
-                await self.sim.remove(ip, int(p))
-        for key in set(wanted) - set(self.sim.engines):
-            ip, _, _ = key.rpartition(":")
-            engine = RotatingEngine(
-                ip, port, spec=spec, weights=self.sim.weights, latencies=self.sim.latencies, token=self.sim.token
-            )
-            await engine.start()
-            self.sim.engines[engine.key] = engine
-        await self._report_restarts(wanted)  # crash faults: the pod's restartCount, as a kubelet counts it
-        return len(self.sim.engines)
+    def _new_fleet(self, token: str) -> SimulatedFleet:
+        return SimulatedFleet(token=token, weights=self.weights, latencies=self.latencies, engine_class=RotatingEngine)
+
+    async def _token_changed(self, token: str) -> None:
+        # Each engine takes the new token after its own propagation delay, keeping the previous one for the
+        # grace period (the worker image's rotation), instead of every engine restarting.
+        assert self.sim is not None
+        self.sim.token = token
+        loop = asyncio.get_running_loop()
+        for engine in self.sim.engines.values():
+            if isinstance(engine, RotatingEngine):
+                loop.call_later(self.rng.uniform(0, self.token_propagation), engine.rotate, token, self.token_grace)
 
 
 class EngineThread:

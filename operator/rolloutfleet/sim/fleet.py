@@ -66,8 +66,10 @@ class SimulatedFleet:
         latencies: Latencies | None = None,
         admin_host: str = "127.0.0.1",
         admin_port: int | None = None,
+        engine_class: type[SimulatedEngine] = SimulatedEngine,
     ) -> None:
         self.token = token
+        self.engine_class = engine_class  # what ``add`` starts (the soak's engines rotate tokens in place)
         self.spec = spec or EngineSpec()
         self.weights = weights or WeightsConfig()
         self.latencies = latencies or Latencies()
@@ -124,7 +126,7 @@ class SimulatedFleet:
         existing = self.engines.get(f"{ip}:{port}")
         if existing is not None:
             return existing
-        engine = SimulatedEngine(
+        engine = self.engine_class(
             ip, port, spec=spec or self.spec, weights=self.weights, latencies=self.latencies, token=self.token
         )
         for rule in faults:

@@ -253,13 +253,11 @@ class PodFollower:
         fleet, token = await self._read()
         if fleet is None or token is None:
             return 0 if self.sim is None else len(self.sim.engines)
-        if self.sim is None or self.sim.token != token:
-            if self.sim is not None:
-                await self.sim.stop()
-                for key in self.sim.engines:
-                    self._restarted[key] = self._restarted.get(key, 0) + 1
-            self.sim = SimulatedFleet(token=token, weights=self.weights, latencies=self.latencies)
+        if self.sim is None:
+            self.sim = self._new_fleet(token)
             await self.sim.start()
+        elif self.sim.token != token:
+            await self._token_changed(token)
         port = int((fleet.get("spec") or {}).get("port") or 8000)
         wanted = {f"{p.ip}:{port}": p for p in pods.values() if p.running and p.ip and self.mine(p)}
         for key in list(self.sim.engines):
@@ -271,6 +269,20 @@ class PodFollower:
             await self.sim.add(ip, port, spec=engine_spec_for(fleet, wanted[key].args))
         await self._report_restarts(wanted)
         return len(self.sim.engines)
+
+    def _new_fleet(self, token: str) -> SimulatedFleet:
+        """The engines' fleet (a subclass may start other engines)."""
+        return SimulatedFleet(token=token, weights=self.weights, latencies=self.latencies)
+
+    async def _token_changed(self, token: str) -> None:
+        """A new control token: every engine restarts with it, as pods restart on a changed Secret (a
+        subclass may rotate it in place instead, as the worker image does)."""
+        assert self.sim is not None
+        for key in self.sim.engines:  # before the stop, which forgets them
+            self._restarted[key] = self._restarted.get(key, 0) + 1
+        await self.sim.stop()
+        self.sim = self._new_fleet(token)
+        await self.sim.start()
 
     async def _report_restarts(self, wanted: dict[str, FollowedPod]) -> None:
         """Count each engine's restarts in its pod's ``restartCount``, as the kubelet counts a container's: the
