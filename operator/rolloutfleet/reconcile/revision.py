@@ -164,9 +164,9 @@ async def reconcile_revisions(
     fields: dict[str, Any] = {}
     if sel.active is not None:
         fields["targetRevision"] = sel.active.number
-    elif sel.goal is None:
-        fields["targetRevision"] = None
-    # (Without an active revision, the pass itself says whether pods are moving to what is served.)
+    # Without an active revision the pass itself says whether pods are moving to what is served, once it read
+    # them: a target cleared before that (a first revision deleted after its pods were routed on it) said the
+    # fleet moved nowhere while they still served it (the smoke soak's check c).
     if served is not None and "served" not in status:
         fields["served"] = writes.served_wire(served, revision_status.timestamp())  # recorded once (upgrade)
     await writes.patch_fleet(ctx, fleet_body, fields)
@@ -198,6 +198,7 @@ async def reconcile_revisions(
         if sel.goal is None:
             behind = await _initial_gates(ctx, spec, view, clients, everyone=not at_rest)
             if not behind:
+                await writes.patch_fleet(ctx, fleet_body, {"targetRevision": None})
                 memory.rest = mark if at_rest else RestMark(rest_goal, signature, started)
                 return PassOutcome()
             # Pods that hold something else than the initial weights (a revision deleted before it ever

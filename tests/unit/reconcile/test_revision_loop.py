@@ -204,6 +204,46 @@ async def test_a_first_revision_deleted_after_its_gates_opened_returns_every_pod
             assert gates["rolloutfleet.io/weights-ready"]["status"] == "True", (pod, gates)  # on revision 0, verified
 
 
+async def test_a_deleted_first_revision_s_target_is_cleared_only_once_no_pod_is_routed_on_it(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Found by the smoke soak (bench/results/soak_smoke.md: check c, one sample on every pod 0.3 s after the
+    fleet's first revision was pruned). With no revision left, the pass cleared ``targetRevision`` first and
+    then read the engines and closed the gates of the pods on the deleted weights: in between, the fleet said
+    it served its initial weights and moved nowhere while its pods were Ready on another revision. The fleet
+    status must not say "nothing is moving" while a pod is routed on weights the fleet does not serve: the
+    target is cleared once no pod is, and while pods are moved back it names where they go."""
+    async with harness(tmp_path, replicas=3) as h:
+        original = status_writes.still_exists
+
+        async def deleted_just_before_the_record(ctx: Any, rev: Any) -> bool:
+            h.delete_revision("step-1")
+            return await original(ctx, rev)
+
+        with mock.patch.object(status_writes, "still_exists", deleted_just_before_the_record):
+            h.apply_revision("step-1", 1)
+            await h.settle(require_idle=False, max_passes=1)
+        assert {p: h.served(p).verifier for p in h.pods} == dict.fromkeys(h.pods, 1)  # resumed on it, routed
+        seen: list[str] = []
+
+        async def each_write(_call: Any) -> None:  # the stored state between any two writes
+            status = h.fleet_status()
+            if status.get("targetRevision") is not None or status.get("currentRevision") is not None:
+                return
+            for pod in h.pods:
+                body = h.kube.peek("v1", "Pod", h.namespace, pod)
+                assert body is not None
+                gate = {c["type"]: c["status"] for c in body["status"]["conditions"]}["rolloutfleet.io/weights-ready"]
+                if gate == "True" and h.served(pod).verifier == 1:
+                    seen.append(pod)
+
+        h.kube.before_call = each_write
+        await h.settle()
+        assert {p: h.served(p).verifier for p in h.pods} == dict.fromkeys(h.pods, 0)
+        assert h.fleet_status().get("targetRevision") is None
+        assert seen == [], f"routed on the deleted revision while the fleet moved nowhere: {sorted(set(seen))}"
+
+
 async def test_a_restarted_engine_is_kept_out_of_the_service_until_caught_up(tmp_path: pathlib.Path) -> None:
     """Issue 15 defect 6 (and the soak's crash finding): a container that restarts comes back on the
     initial checkpoint while its pod's gate, set for its predecessor, still says True. Its process starts
