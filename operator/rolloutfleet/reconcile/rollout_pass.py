@@ -169,9 +169,10 @@ class RolloutPass:
         self.tally: verification.DigestTally | None = None  # the pods' votes for the goal's reference digests
         self.verified: set[str] = set()  # pods read from the engine when they were ready to resume or done
         self.decisions: dict[str, Decision] = {}  # set through ``_set_decision`` only
-        # Pods running a chain of steps in one request: their state as its last step runs, shown by the status
-        # until the engine's answer (or a read) says more (``transaction.as_last_starts``).
-        self.chain_shown: dict[str, engine.EngineState] = {}
+        # Pods running a chain of steps in one request, with the goal and state it was decided on: the status
+        # shows each as its engine is while the chain's last step runs (``transaction.as_last_starts``, worked
+        # out only when the status is written), until the engine's answer or a read says more.
+        self.chains: dict[str, tuple[Goal, engine.EngineState, tuple[Step, ...]]] = {}
         self.by_step = rollout.StepTally()  # the decisions by step, for ``rollout.admit``
         self.done = self.by_step.at[Step.DONE]  # the pods whose decision is Done (the tally keeps it)
         self.messages: dict[str, str] = {}
@@ -563,7 +564,7 @@ class RolloutPass:
         if self.tally is not None and self.tally.goal is self.goal:
             self.tally.update(pod, state)
         self.states[pod] = state
-        self.chain_shown.pop(pod, None)
+        self.chains.pop(pod, None)
 
     def _record_staging(self, pod: str) -> None:
         """What the pod's staging came to, from what its engine was just read holding (the status shows it)."""
@@ -686,8 +687,9 @@ class RolloutPass:
         pods they came from: before each of the pass's fleet-status writes and at its end, so a fleet-status
         write in between (the fleet's own handler) shows what the last one showed, never older."""
         incarnations = {p: pod_readiness.incarnation(b) for p, b in self.pods.bodies.items()}
-        shown = self.chain_shown
-        states = {p: shown[p] if p in shown else self.states[p] for p in self.order if p in self.states}
+        states = {p: self.states[p] for p in self.order if p in self.states}
+        for pod, (goal, state, steps) in self.chains.items():
+            states[pod] = transaction.as_last_starts(goal, state, steps)
         self.memory.remember(states, incarnations)
         self.memory.steps = {p: d.step.value for p, d in self.decisions.items()}
 
@@ -773,8 +775,7 @@ class RolloutPass:
             self._set_decision(pod, Decision(steps[-1], decision.reason))
             # And what the engine holds meanwhile: a level-2 sleep released the weights it served before the
             # load began (the smoke soak saw a pod reported on them for 3.2 s under a slow load).
-            goal = self.decided_goal or self.goal
-            self.chain_shown[pod] = transaction.as_last_starts(goal, self.states[pod], steps)
+            self.chains[pod] = (self.decided_goal or self.goal, self.states[pod], steps)
         try:
             async with limit:
                 done = await executor.execute_chain(self.clients[pod], steps, self.goal, timeouts, session)
