@@ -82,10 +82,12 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
         await ctx.kube.aclose()
 
 
-async def _fleet(memo: kopf.Memo, body: kopf.Body) -> None:
+async def _fleet(memo: kopf.Memo, body: kopf.Body, *, resync: bool = False) -> None:
     ctx: OperatorContext = memo.ctx
+    # The periodic resync leaves a status built less than half its period ago (a revision's pass refreshes it).
+    fresh = RESYNC_SECONDS / 2 if resync else 0.0
     try:
-        outcome = await fleet_reconcile.reconcile_fleet(ctx, _plain(body))
+        outcome = await fleet_reconcile.reconcile_fleet(ctx, _plain(body), fresh_within=fresh)
     except KubeError as exc:
         raise _temporary(exc) from exc
     ctx.metrics.fleets.set(len(getattr(memo, "seen_fleets", ())))
@@ -110,7 +112,7 @@ async def fleet_changed(memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
 @kopf.timer(GROUP, VERSION, FLEETS, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS / 2)
 async def fleet_resync(memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
     """Periodic level-triggered pass: pods came and went, someone edited a child, the operator restarted."""
-    await _fleet(memo, body)
+    await _fleet(memo, body, resync=True)
 
 
 @kopf.on.delete(GROUP, VERSION, FLEETS, optional=True)

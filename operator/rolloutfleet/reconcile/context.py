@@ -47,6 +47,9 @@ class FleetMemory:
     # pod recreated under the same name, or restarted, is another engine process.
     engine_view_incarnations: dict[str, str] = dataclasses.field(default_factory=dict)
     steps: dict[str, str] = dataclasses.field(default_factory=dict)
+    # When the fleet's status was last built from fresh reads (monotonic; ``reconcile.fleet``): a periodic
+    # resync right after a pass's refresh has nothing to add to it.
+    status_observed_at: float = float("-inf")
     probe_passed: dict[str, bool] = dataclasses.field(default_factory=dict)
     preflight_passed: dict[str, bool] = dataclasses.field(default_factory=dict)
     revision_labels: set[str] = dataclasses.field(default_factory=set)  # pods_at_revision label values set

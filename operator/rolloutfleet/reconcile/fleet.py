@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+import time
 from typing import Any
 
 from rolloutfleet.adapters.kube import KubeError
@@ -33,8 +34,13 @@ class FleetOutcome:
     errors: tuple[str, ...] = ()
 
 
-async def reconcile_fleet(ctx: OperatorContext, body: Manifest) -> FleetOutcome:
-    """Converge one fleet's children and status to its spec."""
+async def reconcile_fleet(ctx: OperatorContext, body: Manifest, *, fresh_within: float = 0.0) -> FleetOutcome:
+    """Converge one fleet's children and status to its spec.
+
+    ``fresh_within`` (the periodic resync): leave a valid fleet's status as it is when it was built from fresh
+    reads less than this many seconds ago. A revision's pass rebuilds it every 1-2 s at 1,024 pods; the resync
+    rebuilding it again as well was 4.8 % of the operator's samples during a 25 s Rolling revision (issue 18).
+    """
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     generation = int(meta.get("generation") or 0)
@@ -58,6 +64,10 @@ async def reconcile_fleet(ctx: OperatorContext, body: Manifest) -> FleetOutcome:
     desired = children.build_children(owner, spec, ctx.operator_namespace)
     for manifest in desired:
         await ctx.kube.apply(manifest)
+    memory = ctx.fleets.get((namespace, name))
+    if fresh_within > 0 and memory is not None and time.monotonic() - memory.status_observed_at < fresh_within:
+        ctx.metrics.reconciles.labels("RolloutFleet", "ok").inc()
+        return FleetOutcome(valid=True, applied=len(desired), status_written=False)
     try:
         written = await _observe_and_write(ctx, body, spec)
     except KubeError as exc:
@@ -87,6 +97,9 @@ async def _observe_and_write(ctx: OperatorContext, body: Manifest, spec: Rollout
     )
     ctx.metrics.replicas_ready.labels(namespace, name).set(new_status.ready_replicas)
     written = await _write_status(ctx, body, old_status, new_status)
+    memory = ctx.fleets.get((namespace, name))  # (not created here: a deleted fleet's memory is gone for good)
+    if memory is not None:
+        memory.status_observed_at = time.monotonic()
     if written:
         await _events_for_flips(ctx, body, old_status, new_status)
     return written
