@@ -219,6 +219,8 @@ def agreeing(results: list[Any], *, url: str, step: str, key: Callable[[dict[str
             err = result.get("error") or {}
             code, message = str(err.get("code", "unknown")), str(err.get("message", ""))
             raise EngineRPCError(code, message, rank=rank, url=url, step=step)
+    if len(results) == 1:  # one rank agrees with itself (most engines: one GPU each); no key to encode
+        return cast(list[dict[str, Any]], results)
     keys = {json.dumps(key(r), sort_keys=True, default=str) for r in results}
     if len(keys) > 1:
         raise EngineInconsistent(f"{len(results)} ranks disagree: {sorted(keys)}", results=results, url=url, step=step)
