@@ -1180,13 +1180,19 @@ def render(soak: Soak) -> str:
         f"Unreachable/EngineError): a claim of nothing, counted apart from d | {tally.counts['unread']} | "
         f"{tally.episode_counts['unread']} | - |"
     )
+    longest = tally.longest["pending"]
+    w(
+        f"| (d…) | status names no revision while the pod's steps sent in one request run on its paused engine, "
+        f"which still holds one until the sleep among them (the longest episode: {longest:.1f} s): a claim of "
+        f"nothing, counted apart from d | {tally.counts['pending']} | {tally.episode_counts['pending']} | - |"
+    )
     w("")
     w(
         "Target: zero for a, b, c and d beyond the tolerance. *Gate set by kwok*: episodes whose pod's "
         "`rolloutfleet.io/weights-ready` condition was True without a reason, i.e. written by kwok's default "
         "pod-ready stage when the pod started (it sets every readiness gate True), not by the operator.\n"
     )
-    for check in (*obs.CHECKS[:3], "d_beyond", "unread"):
+    for check in (*obs.CHECKS[:3], "d_beyond", "unread", "pending"):
         eps = [e for e in tally.episodes if e.check == check][:5]
         if not eps:
             continue

@@ -278,7 +278,7 @@ def status_disagreement(pod: str, engine: EngineView, fleet: FleetView | None) -
         return f"pod missing from status.pods (engine holds r{engine.verifier.revision})"
     said = fleet.pods[pod]
     held = engine.verifier.revision
-    if said != held and status_unread(pod, engine, fleet) is None:
+    if said != held and status_unread(pod, engine, fleet) is None and status_pending(pod, engine, fleet) is None:
         return f"status says r{said} (step {fleet.steps.get(pod)}), verifier holds r{held} ({engine.verifier.kind})"
     return None
 
@@ -291,6 +291,27 @@ def status_unread(pod: str, engine: EngineView, fleet: FleetView | None) -> str 
     if step not in UNREAD_STEPS or engine.verifier.revision is None:
         return None
     return f"status says unknown (step {step}), verifier holds r{engine.verifier.revision} ({engine.verifier.kind})"
+
+
+# The steps a request of several steps ends at (the operator's ``planning.transaction.CHAIN_TO``, written out:
+# the observer judges the operator, it does not take its rules from it; a unit test holds the two equal). While
+# one runs, the status shows the pod as its engine is once the steps before it succeeded, since a level-2 sleep
+# among them releases the revision held before at a moment the operator cannot see.
+CHAIN_STEPS = frozenset({"Sleep", "WakeWeights", "LoadVerifier", "LoadDraft", "CommitVerifier", "CommitDraft"})
+
+
+def status_pending(pod: str, engine: EngineView, fleet: FleetView | None) -> str | None:
+    """The status names no revision while the pod's steps, sent in one request, run on a paused engine that
+    still holds one (its sleep has not come yet): a claim of nothing until the request answers."""
+    if fleet is None or pod not in fleet.pods or fleet.pods[pod] is not None:
+        return None
+    step = fleet.steps.get(pod)
+    if step not in CHAIN_STEPS or not engine.paused or engine.verifier.revision is None:
+        return None
+    return (
+        f"status says unknown while its steps run (step {step}), verifier still holds r{engine.verifier.revision} "
+        f"({engine.verifier.kind})"
+    )
 
 
 class Lag:
@@ -338,6 +359,7 @@ class Tally:
         self.examples: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
         self.episodes: list[Episode] = []
         self.episode_counts: collections.Counter[str] = collections.Counter()
+        self.longest: dict[str, float] = collections.defaultdict(float)  # each check's longest episode (s)
         self._open: dict[tuple[str, str], Episode] = {}
         self._seen: set[tuple[str, str]] = set()
         self._keep_examples, self._keep_episodes = keep_examples, keep_episodes
@@ -357,6 +379,7 @@ class Tally:
                 self.episodes.append(episode)
         episode.end = t
         episode.samples += 1
+        self.longest[check] = max(self.longest[check], episode.end - episode.start)
 
     def end_sample(self, skipped: set[str] | frozenset[str] = frozenset()) -> None:
         """Close the episodes not seen in this sample (pods in ``skipped`` were not judged: kept open)."""
@@ -490,6 +513,9 @@ class Observer:
             unread = status_unread(name, engine, fleet)
             if unread is not None:
                 self.tally.add(t, "unread", name, {"message": unread, **context})
+            pending = status_pending(name, engine, fleet)
+            if pending is not None:
+                self.tally.add(t, "pending", name, {"message": pending, **context})
             beyond, lasted = self.lag.observe(t, name, said is not None)
             if said is not None:
                 record = {"message": said, "lasted_s": round(lasted, 2), **context}

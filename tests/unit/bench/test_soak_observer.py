@@ -228,6 +228,7 @@ def test_tally_counts_samples_and_groups_episodes() -> None:
     first = tally.episodes[0]
     assert (first.start, first.end, first.samples) == (1.0, 1.2, 3)
     assert len(tally.examples["a"]) == 2
+    assert tally.longest["a"] == pytest.approx(0.2)  # the longer of the two episodes (the report shows it)
 
 
 def test_an_unjudged_sample_does_not_split_an_episode() -> None:
@@ -295,3 +296,27 @@ def test_a_status_that_could_not_read_the_engine_claims_nothing() -> None:
     silent = obs.FleetView(current=3, target=None, pods={"policy-0": None}, steps={"policy-0": "Done"})
     assert obs.status_disagreement("policy-0", engine(), silent) is not None
     assert obs.status_unread("policy-0", engine(), silent) is None
+
+
+def test_a_status_that_names_no_revision_while_a_paused_engine_runs_a_chain_claims_nothing() -> None:
+    """Since caa0a69 a pod running steps sent in one request (pause, sleep, wake, load) is shown as its engine is
+    while the last of them runs: no revision, since the sleep inside the request releases the one held before
+    at a moment the operator cannot see (the soak had seen the old revision claimed 3.2 s after the sleep).
+    Until the sleep happens the engine still holds the old revision: the status claims nothing then, which is
+    counted apart from d. Only while the engine is paused (mid-transaction): a resumed engine the status still
+    reports with no revision is a disagreement, as is a step no request ends at."""
+    chained = obs.FleetView(current=3, target=4, pods={"policy-0": None}, steps={"policy-0": "LoadVerifier"})
+    paused = engine(paused=True)
+    assert obs.status_disagreement("policy-0", paused, chained) is None
+    assert "while its steps run" in (obs.status_pending("policy-0", paused, chained) or "")
+    assert obs.status_disagreement("policy-0", engine(), chained) is not None  # resumed: not pending any more
+    assert obs.status_pending("policy-0", engine(), chained) is None
+    done = obs.FleetView(current=3, target=4, pods={"policy-0": None}, steps={"policy-0": "Done"})
+    assert obs.status_disagreement("policy-0", paused, done) is not None
+
+
+def test_the_observer_s_chain_steps_are_the_operator_s() -> None:
+    """Written out in the observer (it judges the operator, it does not take its rules from it): kept equal."""
+    from rolloutfleet.planning.transaction import CHAIN_TO
+
+    assert {step.value for step in CHAIN_TO} == obs.CHAIN_STEPS
