@@ -625,9 +625,8 @@ async def test_the_pre_flights_and_the_read_after_them_in_one_request(target: Ta
 
 async def test_a_sleep_mode_pause_sleep_wake_and_load_in_one_request(target: Target, engine: EngineClient) -> None:
     """The operator's chain (``transaction.chain``, ``executor.execute_chain``): withdraw, pause, sleep(2),
-    wake(weights) and the verifier load in one request, each call answered and timed as on its own; then
-    the draft load and the guarded resume (which admits the process again) leave the engine serving the new
-    pair."""
+    wake(weights), the verifier's load and the draft's in one request, each call answered and timed as on its
+    own; then the guarded resume (which admits the process again) leaves the engine serving the new pair."""
     from rolloutfleet.api.fleet import StepTimeouts
     from rolloutfleet.planning import transaction
     from rolloutfleet.reconcile import executor
@@ -638,14 +637,14 @@ async def test_a_sleep_mode_pause_sleep_wake_and_load_in_one_request(target: Tar
     goal = transaction.Goal(revision=2, verifier_path=w.verifier_b, draft_path=w.draft_b, sleep_mode=True)
     known = await engine.observe()
     steps = transaction.chain(goal, known, transaction.Step.PAUSE)
-    assert steps[-1] == transaction.Step.LOAD_VERIFIER, steps
+    assert steps[-2:] == (transaction.Step.LOAD_VERIFIER, transaction.Step.LOAD_DRAFT), steps
     done = await executor.execute_chain(engine, steps, goal, StepTimeouts(), executor.SessionContext(known=known))
     assert [d.step for d in done] == list(steps)
     assert all(d.seconds is not None for d in done), "each call of the sequence carries its own seconds"
+    assert [d.result.revision for d in done[-2:] if isinstance(d.result, api.LoadResult)] == [2, 2]
     state = await engine.observe()
-    assert state.paused and state.admitted is False and state.verifier.revision == 2 and not state.resident
-    assert (await engine.load("draft", w.draft_b, 2)).revision == 2
-    known = await engine.observe()
+    assert state.paused and state.admitted is False and state.pair == (2, 2) and state.resident
+    known = state
     ctx = executor.SessionContext(known=known)
     _, resumed = await executor.execute(engine, transaction.Step.RESUME, goal, StepTimeouts(), ctx)
     # The guarded resume admits the withdrawn process last, in its own request.

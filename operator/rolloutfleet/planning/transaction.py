@@ -455,38 +455,66 @@ def ready_to_resume(goal: Goal, state: EngineState) -> bool:
 
 # A step whose success leaves the engine exactly as ``acknowledged`` says, whatever its answer holds: the step
 # after it is known before it ran. A load's or commit's answer carries the digest that decides what follows (a
-# mismatch is a verdict), and a resume has its own guard: a chain ends at them.
+# mismatch is a verdict), and a resume has its own guard: a chain ends at them, but for the draft's load after
+# the verifier's (``chain``).
 CHAIN_THROUGH = frozenset({Step.PAUSE, Step.SLEEP, Step.WAKE_WEIGHTS})
 CHAIN_TO = frozenset(
     {Step.SLEEP, Step.WAKE_WEIGHTS, Step.LOAD_VERIFIER, Step.LOAD_DRAFT, Step.COMMIT_VERIFIER, Step.COMMIT_DRAFT}
 )
+_AS_REFERENCED = "as-referenced"  # a verifier digest that verifies against a goal whose reference is not known yet
 
 
 def chain(goal: Goal, state: EngineState, first: Step, *, loads: bool = True) -> tuple[Step, ...]:
     """``first`` and the steps that follow it for certain: the decisions this planner would make from each
-    step's acknowledgement, up to and including the first load or commit (``CHAIN_THROUGH``/``CHAIN_TO``).
+    step's acknowledgement, up to and including the first load or commit (``CHAIN_THROUGH``/``CHAIN_TO``), and
+    the draft's load after the verifier's.
 
     The executor sends them in one request (``reconcile.executor.execute_chain``): a sleep-mode pause, sleep,
-    wake(weights) and verifier load are one request instead of four round trips through the operator, which
-    cost the fleet time out of service (the AllAtOnce pause holds a staged commit and nothing else) and the
-    operator CPU per pod. They are the same steps, in the same order, stopping at the first failure as the
-    step-by-step pass would. ``loads=False`` (the fleet limits concurrent loads, which the executor enforces
-    per load step) ends the chain before a load.
+    wake(weights) and both loads are one request instead of five round trips through the operator, which cost
+    the fleet time out of service and the operator CPU per pod. They are the steps the step-by-step pass takes,
+    in the same order, stopping at the first failure as it would. One departure: the draft's load follows the
+    verifier's whatever digest the verifier's answer carries, where the pass would load the verifier again
+    after a digest that does not verify. The draft's load does not depend on that digest, the pass still judges
+    it from the answer (a verdict, a retry of the verifier alone: the draft it loaded is kept), and nothing
+    resumes on it (the resume's guard checks both). ``loads=False`` (the fleet limits concurrent loads, which
+    the executor enforces per load step) ends the chain before a load.
     """
     steps = [first]
-    while steps[-1] in CHAIN_THROUGH:
-        state = acknowledged(state, steps[-1], goal)
+    while True:
+        last = steps[-1]
+        if last in CHAIN_THROUGH:
+            state = acknowledged(state, last, goal)
+        elif last == Step.LOAD_VERIFIER:
+            state = acknowledged(state, last, goal, _as_expected(goal))
+        else:
+            break
         following = next_step(goal, state).step
         if following not in CHAIN_TO or (following in LOAD_STEPS and not loads):
+            break
+        if last == Step.LOAD_VERIFIER and following != Step.LOAD_DRAFT:
             break
         steps.append(following)
     return tuple(steps)
 
 
-def as_last_starts(goal: Goal, state: EngineState, steps: tuple[Step, ...]) -> EngineState:
-    """The engine's state once every step of a chain but its last succeeded: what it holds while the last (a
-    load, a commit: the long one) runs. The status shows that meanwhile, not the state before the chain."""
-    for step in steps[:-1]:
+def _as_expected(goal: Goal) -> LoadResult:
+    """The verifier's load as it should answer: the goal's revision, with a digest that verifies."""
+    digest = goal.verifier_digest or _AS_REFERENCED
+    return LoadResult(Target.VERIFIER, goal.revision, goal.verifier_path, digest, bytes=0, seconds=0.0, tensors=0)
+
+
+def shown_step(steps: tuple[Step, ...]) -> Step:
+    """The step a chain's pod is shown at while it runs: its first load or commit (the one that takes the time),
+    else its last."""
+    return next((step for step in steps if step not in CHAIN_THROUGH), steps[-1])
+
+
+def as_step_starts(goal: Goal, state: EngineState, steps: tuple[Step, ...]) -> EngineState:
+    """The engine's state once every step of a chain before its ``shown_step`` succeeded: what it holds while
+    that step runs. The status shows that meanwhile, not the state before the chain."""
+    for step in steps:
+        if step not in CHAIN_THROUGH:
+            break
         state = acknowledged(state, step, goal)
     return state
 

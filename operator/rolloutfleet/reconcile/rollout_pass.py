@@ -170,7 +170,7 @@ class RolloutPass:
         self.verified: set[str] = set()  # pods read from the engine when they were ready to resume or done
         self.decisions: dict[str, Decision] = {}  # set through ``_set_decision`` only
         # Pods running a chain of steps in one request, with the goal and state it was decided on: the status
-        # shows each as its engine is while the chain's last step runs (``transaction.as_last_starts``, worked
+        # shows each as its engine is while the chain's first load runs (``transaction.as_step_starts``, worked
         # out only when the status is written), until the engine's answer or a read says more.
         self.chains: dict[str, tuple[Goal, engine.EngineState, tuple[Step, ...]]] = {}
         self.by_step = rollout.StepTally()  # the decisions by step, for ``rollout.admit``
@@ -689,7 +689,7 @@ class RolloutPass:
         incarnations = {p: pod_readiness.incarnation(b) for p, b in self.pods.bodies.items()}
         states = {p: self.states[p] for p in self.order if p in self.states}
         for pod, (goal, state, steps) in self.chains.items():
-            states[pod] = transaction.as_last_starts(goal, state, steps)
+            states[pod] = transaction.as_step_starts(goal, state, steps)
         self.memory.remember(states, incarnations)
         self.memory.steps = {p: d.step.value for p, d in self.decisions.items()}
 
@@ -772,7 +772,7 @@ class RolloutPass:
         unlimited = self.plan.max_concurrent_loads is None
         steps = transaction.chain(self.decided_goal or self.goal, self.states[pod], decision.step, loads=unlimited)
         if len(steps) > 1:  # the status shows the step that takes the time (a load, a commit)
-            self._set_decision(pod, Decision(steps[-1], decision.reason))
+            self._set_decision(pod, Decision(transaction.shown_step(steps), decision.reason))
             # And what the engine holds meanwhile: a level-2 sleep released the weights it served before the
             # load began (the smoke soak saw a pod reported on them for 3.2 s under a slow load).
             self.chains[pod] = (self.decided_goal or self.goal, self.states[pod], steps)

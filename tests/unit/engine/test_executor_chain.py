@@ -51,7 +51,10 @@ async def serving_admitted(client: EngineClient) -> EngineState:
     return await client.observe(deadline=5)
 
 
-async def test_a_sleep_mode_pause_sleep_wake_and_load_are_one_request(
+LOADS = ["rolloutfleet_load:verifier", "rolloutfleet_load:draft"]
+
+
+async def test_a_sleep_mode_pause_sleep_wake_and_both_loads_are_one_request(
     client: EngineClient, sim: SimulatedEngine, ckpts: Checkpoints, latencies: Latencies
 ) -> None:
     goal = goal_b(ckpts, sleep_mode=True)
@@ -60,16 +63,33 @@ async def test_a_sleep_mode_pause_sleep_wake_and_load_are_one_request(
     sim.log.entries.clear()
     latencies.calls.clear()
     done = await executor.execute_chain(client, steps, goal, FAST, executor.SessionContext(known=known))
-    one = "sequence:withdraw+pause+sleep+wake_up:weights+rolloutfleet_load:verifier"
+    one = "sequence:withdraw+pause+sleep+wake_up:weights+rolloutfleet_load:verifier+rolloutfleet_load:draft"
     assert [step for step, _, _ in latencies.calls] == [one]
-    assert calls(sim) == ["withdraw", "pause:keep", "sleep:2", "wake_up:weights", "rolloutfleet_load:verifier"]
-    assert [d.step for d in done] == [Step.PAUSE, Step.SLEEP, Step.WAKE_WEIGHTS, Step.LOAD_VERIFIER]
+    assert calls(sim) == ["withdraw", "pause:keep", "sleep:2", "wake_up:weights", *LOADS]
+    assert [d.step for d in done] == [Step.PAUSE, Step.SLEEP, Step.WAKE_WEIGHTS, Step.LOAD_VERIFIER, Step.LOAD_DRAFT]
     # Each step timed by the engine, apart (the step metrics and the status's timings stay per step).
     assert all(d.seconds is not None and d.seconds >= 0 for d in done)
-    load = done[-1].result
-    assert isinstance(load, LoadResult) and load.target == Target.VERIFIER and load.revision == 2
+    loads = [d.result for d in done[-2:]]
+    assert all(isinstance(load, LoadResult) and load.revision == 2 for load in loads)
+    assert [load.target for load in loads if isinstance(load, LoadResult)] == [Target.VERIFIER, Target.DRAFT]
     state = await client.observe(deadline=5)
-    assert state.paused and state.admitted is False and state.verifier.revision == 2
+    assert state.paused and state.admitted is False and state.pair == (2, 2)
+
+
+async def test_a_verifier_load_that_fails_inside_the_chain_ends_it_before_the_draft_s(
+    client: EngineClient, sim: SimulatedEngine, ckpts: Checkpoints
+) -> None:
+    """A verifier load that fails ends the request there, as a failed call ends any sequence: the draft's load
+    does not run after it. (One that answers a digest that does not verify is not a failed call: the draft's
+    load runs, and the pass judges the verifier's answer, transaction.chain.)"""
+    goal = goal_b(ckpts, sleep_mode=False)
+    known = await serving_admitted(client)
+    sim.add_fault(FaultRule(step="rolloutfleet_load", kind=FaultKind.HTTP_ERROR, status=500, body="died", count=1))
+    sim.log.entries.clear()
+    with pytest.raises(executor.StepError) as err:
+        await executor.execute_chain(client, transaction.chain(goal, known, Step.PAUSE), goal, FAST)
+    assert err.value.step == Step.LOAD_VERIFIER
+    assert calls(sim) == ["pause:keep"]  # (the refused load is the fault's, not an answered call)
 
 
 async def test_a_staged_pause_and_both_commits_are_one_request(
@@ -135,8 +155,8 @@ async def test_an_image_without_sequences_gets_the_chains_steps_one_by_one(
     done = await executor.execute_chain(
         client, transaction.chain(goal, known, Step.PAUSE), goal, FAST, executor.SessionContext(known=known)
     )
-    assert calls(sim) == ["withdraw", "pause:keep", "sleep:2", "wake_up:weights", "rolloutfleet_load:verifier"]
-    assert [d.step for d in done] == [Step.PAUSE, Step.SLEEP, Step.WAKE_WEIGHTS, Step.LOAD_VERIFIER]
+    assert calls(sim) == ["withdraw", "pause:keep", "sleep:2", "wake_up:weights", *LOADS]
+    assert [d.step for d in done] == [Step.PAUSE, Step.SLEEP, Step.WAKE_WEIGHTS, Step.LOAD_VERIFIER, Step.LOAD_DRAFT]
 
 
 async def test_a_withdrawal_that_fails_is_logged_and_the_steps_go_on_one_by_one(
@@ -152,5 +172,5 @@ async def test_a_withdrawal_that_fails_is_logged_and_the_steps_go_on_one_by_one(
         client, transaction.chain(goal, known, Step.PAUSE), goal, FAST, executor.SessionContext(known=known)
     )
     assert "not withdrawn" in caplog.text  # (the refused withdrawal is the fault's, not an answered call)
-    assert calls(sim) == ["pause:keep", "rolloutfleet_load:verifier"]
-    assert [d.step for d in done] == [Step.PAUSE, Step.LOAD_VERIFIER]
+    assert calls(sim) == ["pause:keep", *LOADS]
+    assert [d.step for d in done] == [Step.PAUSE, Step.LOAD_VERIFIER, Step.LOAD_DRAFT]

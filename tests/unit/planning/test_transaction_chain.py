@@ -2,7 +2,10 @@
 
 A chain must be exactly the steps the step-by-step pass would take from each step's acknowledgement, and end
 wherever the next step depends on what the engine answers (a load's digest, a resume's guard, a session, a
-verdict): otherwise one request would run a step the planner would not have chosen.
+verdict): otherwise one request would run a step the planner would not have chosen. One departure, by design:
+the draft's load follows the verifier's, as the pass would take it once the verifier verified (the draft's load
+does not depend on the verifier's digest; a digest that does not verify is a verdict on the answer, and the
+retry loads the verifier alone).
 """
 
 from __future__ import annotations
@@ -11,8 +14,17 @@ import dataclasses
 
 import pytest
 
-from rolloutfleet.api.engine import EngineState, StagedTarget, StagePhase, StageState, TargetState
-from rolloutfleet.planning.transaction import CHAIN_THROUGH, Goal, Step, acknowledged, chain, next_step
+from rolloutfleet.api.engine import EngineState, LoadResult, StagedTarget, StagePhase, StageState, Target, TargetState
+from rolloutfleet.planning.transaction import (
+    CHAIN_THROUGH,
+    Goal,
+    Step,
+    acknowledged,
+    as_step_starts,
+    chain,
+    next_step,
+    shown_step,
+)
 
 D1 = "blake3:" + "1" * 64
 DV = "blake3:" + "b" * 64
@@ -49,12 +61,39 @@ def stage_of_2() -> StageState:
     )
 
 
-def test_a_sleep_mode_pause_takes_the_sleep_the_wake_and_the_verifier_load_with_it() -> None:
-    assert chain(SLEEP, serving(), Step.PAUSE) == (Step.PAUSE, Step.SLEEP, Step.WAKE_WEIGHTS, Step.LOAD_VERIFIER)
+def test_a_sleep_mode_pause_takes_the_sleep_the_wake_and_both_loads_with_it() -> None:
+    steps = chain(SLEEP, serving(), Step.PAUSE)
+    assert steps == (Step.PAUSE, Step.SLEEP, Step.WAKE_WEIGHTS, Step.LOAD_VERIFIER, Step.LOAD_DRAFT)
+    # Shown at the verifier's load while it runs (the long one), as the engine is then: asleep, nothing held.
+    assert shown_step(steps) == Step.LOAD_VERIFIER
+    shown = as_step_starts(SLEEP, serving(), steps)
+    assert shown.paused and shown.verifier.revision is None and shown.mapped
 
 
-def test_an_inflight_pause_takes_the_verifier_load() -> None:
-    assert chain(INFLIGHT, serving(), Step.PAUSE) == (Step.PAUSE, Step.LOAD_VERIFIER)
+def test_an_inflight_pause_takes_both_loads() -> None:
+    assert chain(INFLIGHT, serving(), Step.PAUSE) == (Step.PAUSE, Step.LOAD_VERIFIER, Step.LOAD_DRAFT)
+
+
+def test_the_draft_s_load_joins_only_where_the_pass_would_load_the_draft_next() -> None:
+    """A pinned verifier digest: the chain assumes the answer verifies (else the pass judges it afterwards). No
+    draft of the revision's own (a frozen draft is restored, not loaded; an engine without a draft): the chain
+    ends at the verifier's load."""
+    pinned = dataclasses.replace(SLEEP, verifier_digest=DV, draft_digest=DD)
+    assert chain(pinned, serving(), Step.PAUSE)[-2:] == (Step.LOAD_VERIFIER, Step.LOAD_DRAFT)
+    frozen = dataclasses.replace(SLEEP, draft_path=None, frozen_draft_path="/w/frozen")
+    assert chain(frozen, serving(), Step.PAUSE)[-1] == Step.LOAD_VERIFIER
+    no_draft = dataclasses.replace(SLEEP, draft_path=None)
+    alone = dataclasses.replace(serving(), draft=None)
+    assert chain(no_draft, alone, Step.PAUSE)[-1] == Step.LOAD_VERIFIER
+
+
+def test_a_verifier_loaded_again_after_a_verdict_goes_alone() -> None:
+    """After a verifier digest that did not verify, the retry loads the verifier; the draft it loaded with it is
+    at the goal already, so nothing follows (the pass reads and resumes)."""
+    paused = dataclasses.replace(serving(), paused=True, sleeping=True)
+    loaded = LoadResult(Target.DRAFT, 2, "/w/2/d", DD, bytes=20, seconds=0.1, tensors=2)
+    state = acknowledged(paused, Step.LOAD_DRAFT, INFLIGHT, loaded)
+    assert chain(INFLIGHT, state, Step.LOAD_VERIFIER) == (Step.LOAD_VERIFIER,)
 
 
 def test_a_staged_pause_takes_its_commit() -> None:
@@ -65,6 +104,8 @@ def test_a_staged_pause_takes_its_commit() -> None:
 def test_a_fleet_that_limits_loads_keeps_each_load_its_own_step() -> None:
     """``maxConcurrentLoads`` is enforced per load step: a load inside another step's request would escape it."""
     assert chain(SLEEP, serving(), Step.PAUSE, loads=False) == (Step.PAUSE, Step.SLEEP, Step.WAKE_WEIGHTS)
+    paused = dataclasses.replace(serving(), paused=True, sleeping=True)
+    assert chain(INFLIGHT, paused, Step.LOAD_VERIFIER, loads=False) == (Step.LOAD_VERIFIER,)
     # A commit reads pinned host memory, not the shared storage: it is not a load.
     assert chain(STAGED, serving(stage_of_2()), Step.PAUSE, loads=False) == (Step.PAUSE, Step.COMMIT_VERIFIER)
 
@@ -82,10 +123,14 @@ def test_other_steps_are_chains_of_one(first: Step) -> None:
 
 @pytest.mark.parametrize("goal", [SLEEP, INFLIGHT, STAGED], ids=["sleep", "inflight", "staged"])
 def test_a_chain_is_the_steps_the_pass_would_take_one_by_one(goal: Goal) -> None:
-    """The same decisions as observe → next_step → acknowledge, step after step, up to the first load or commit."""
+    """The same decisions as observe → next_step → acknowledge, step after step, up to the first load or commit,
+    and the draft's load after a verifier's load that verified."""
     state = serving(stage_of_2() if goal.stages else None)
     expected = [next_step(goal, state).step]
     while expected[-1] in CHAIN_THROUGH:
         state = acknowledged(state, expected[-1], goal)
         expected.append(next_step(goal, state).step)
+    if expected[-1] == Step.LOAD_VERIFIER:
+        verified = LoadResult(Target.VERIFIER, 2, "/w/2/v", DV, bytes=80, seconds=0.1, tensors=3)
+        expected.append(next_step(goal, acknowledged(state, Step.LOAD_VERIFIER, goal, verified)).step)
     assert list(chain(goal, serving(stage_of_2() if goal.stages else None), expected[0])) == expected

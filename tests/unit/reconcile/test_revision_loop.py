@@ -69,11 +69,14 @@ async def _stop_mid_load(tmp_path: pathlib.Path, *, deleted: bool) -> tuple[bool
 
 
 async def test_operator_stop_drains_the_running_load(tmp_path: pathlib.Path) -> None:
-    """Issue 15 defect 14: a SIGTERM mid-load neither cuts the load nor starts the next step."""
+    """Issue 15 defect 14: a SIGTERM mid-load neither cuts the load nor starts the next step. The request that
+    was running finishes (since the draft's load rides in the verifier's request, transaction.chain: both
+    loads), and nothing is sent after it."""
     returned_early, calls = await _stop_mid_load(tmp_path, deleted=False)
     assert not returned_early, "the loop returned while a load was still running"
-    assert calls[-1] == "rolloutfleet_load", calls  # the load completed and was the last call
-    assert "resume" not in calls and calls.count("rolloutfleet_load") == 1, calls
+    assert calls[-1] == "rolloutfleet_load", calls  # the request's loads completed and were the last calls
+    assert "resume" not in calls and calls.count("rolloutfleet_load") == 2, calls
+    assert calls[-3:] == ["wake_up", "rolloutfleet_load", "rolloutfleet_load"], calls  # that request's end
 
 
 async def test_fleet_deletion_does_not_wait_for_the_running_load(tmp_path: pathlib.Path) -> None:
