@@ -14,7 +14,7 @@ from unittest import mock
 
 import kopf
 import pytest
-from reconcile_fakes import count_observations, harness, loads, pod_of
+from reconcile_fakes import Harness, count_observations, harness, loads, pod_of
 
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.handlers import wiring
@@ -177,6 +177,21 @@ async def test_deleting_a_revision_mid_rollout_returns_every_pod_to_the_served_r
             assert gates.get("rolloutfleet.io/weights-ready") == "True", (pod, gates)
 
 
+async def _first_revision_deleted_before_its_record(h: Harness) -> None:
+    """The fleet's first revision, deleted after its pods resumed on it and were routed, right before the fleet
+    recorded it as served (a GitOps prune at the worst moment)."""
+    original = status_writes.still_exists
+
+    async def deleted_just_before_the_record(ctx: Any, rev: Any) -> bool:
+        h.delete_revision("step-1")
+        return await original(ctx, rev)
+
+    with mock.patch.object(status_writes, "still_exists", deleted_just_before_the_record):
+        h.apply_revision("step-1", 1)
+        await h.settle(require_idle=False, max_passes=1)
+    assert {p: h.served(p).verifier for p in h.pods} == dict.fromkeys(h.pods, 1)  # resumed on it, routed
+
+
 async def test_a_first_revision_deleted_after_its_gates_opened_returns_every_pod_to_the_initial_weights(
     tmp_path: pathlib.Path,
 ) -> None:
@@ -186,16 +201,7 @@ async def test_a_first_revision_deleted_after_its_gates_opened_returns_every_pod
     revision's weights (soak check c) until it was applied again. Every pod must go back to the initial
     weights, and only then be routed."""
     async with harness(tmp_path, replicas=3) as h:
-        original = status_writes.still_exists
-
-        async def deleted_just_before_the_record(ctx: Any, rev: Any) -> bool:
-            h.delete_revision("step-1")
-            return await original(ctx, rev)
-
-        with mock.patch.object(status_writes, "still_exists", deleted_just_before_the_record):
-            h.apply_revision("step-1", 1)
-            await h.settle(require_idle=False, max_passes=1)
-        assert {p: h.served(p).verifier for p in h.pods} == dict.fromkeys(h.pods, 1)  # resumed on it, routed
+        await _first_revision_deleted_before_its_record(h)
         await h.settle()
         # (0: the initial checkpoint loaded back, ``transaction.INITIAL_REVISION``)
         assert {p: h.served(p).verifier for p in h.pods} == dict.fromkeys(h.pods, 0), "still on the deleted one"
@@ -217,16 +223,7 @@ async def test_a_deleted_first_revision_s_target_is_cleared_only_once_no_pod_is_
     status must not say "nothing is moving" while a pod is routed on weights the fleet does not serve: the
     target is cleared once no pod is, and while pods are moved back it names where they go."""
     async with harness(tmp_path, replicas=3) as h:
-        original = status_writes.still_exists
-
-        async def deleted_just_before_the_record(ctx: Any, rev: Any) -> bool:
-            h.delete_revision("step-1")
-            return await original(ctx, rev)
-
-        with mock.patch.object(status_writes, "still_exists", deleted_just_before_the_record):
-            h.apply_revision("step-1", 1)
-            await h.settle(require_idle=False, max_passes=1)
-        assert {p: h.served(p).verifier for p in h.pods} == dict.fromkeys(h.pods, 1)  # resumed on it, routed
+        await _first_revision_deleted_before_its_record(h)
         seen: list[str] = []
 
         async def each_write(_call: Any) -> None:  # the stored state between any two writes
