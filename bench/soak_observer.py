@@ -20,7 +20,9 @@ Per sample and per pod whose engine serves (listening, not paused, not asleep) w
   is unset (outside a rollout);
 - ``d`` (every pod with a listening engine, served or not): ``status.pods[].revision`` differs from the
   revision the engine's verifier memory holds; counted raw, and beyond a tolerance (status is written
-  after each pass, so a short lag is expected).
+  after each pass, so a short lag is expected). A status that names no revision claims nothing: after a
+  failed read (``status_unread``) or while a paused engine runs steps sent in one request
+  (``status_pending``), it is counted apart, not as ``d``.
 
 Revision numbers: ``None`` is what a slot holds when the extension claims nothing (the initial weights, or
 memory discarded by a level-2 sleep). For ``a`` and ``c`` the initial weights and revision 0 (a rollback to
