@@ -7,11 +7,13 @@ Imported by reconcile (fleet and revision) to record what happened. One registry
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Generic, TypeVar
 
 import prometheus_client as prom
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+_M = TypeVar("_M", prom.Counter, prom.Gauge, prom.Histogram)
 STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 
@@ -106,6 +108,11 @@ class Metrics:
             ["verb"],
             registry=r,
         )
+        # What the rollout's hot paths record per request and per step (at 1,024 pods ~10 per pod per
+        # revision): each child looked up once (``Children``).
+        self.step_durations = Children(self.step_duration)
+        self.engine_requests = Children(self.engine_request_seconds)
+        self.kube_request_counts = Children(self.kube_requests)
 
     def watch_gc(self, seconds: Callable[[], Sequence[float]]) -> None:
         """Export ``seconds()`` (the cycle collector's CPU seconds per generation, read at each scrape)."""
@@ -114,6 +121,26 @@ class Metrics:
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - scraped from inside the cluster
         """Start the /metrics HTTP server (a daemon thread; prometheus_client's own)."""
         prom.start_http_server(port, addr=addr, registry=self.registry)
+
+
+class Children(Generic[_M]):
+    """A metric's children by label values, each made once: ``children(*values)`` is ``metric.labels(*values)``.
+
+    ``labels`` checks and converts the values and takes the metric's lock on every call (~2.5 µs of the
+    operator's event loop, against ~1 µs for the observation itself); a rollout records a step's duration or
+    a request's count about ten times per pod. Only for metrics whose children are never removed: a cached
+    child would outlive its removal.
+    """
+
+    def __init__(self, metric: _M) -> None:
+        self._metric: _M = metric
+        self._children: dict[tuple[str, ...], _M] = {}
+
+    def __call__(self, *values: str) -> _M:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
 
 
 class _GCSeconds(Collector):

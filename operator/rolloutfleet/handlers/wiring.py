@@ -63,7 +63,7 @@ async def configure(
         metrics.serve(port)
         logger.info("metrics on :%d/metrics", port)
     kube = Kube.from_environment(os.environ.get("KUBECONFIG"))
-    kube.on_request = lambda verb: metrics.kube_requests.labels(verb).inc()
+    kube.on_request = lambda verb: metrics.kube_request_counts(verb).inc()
     memo.ctx = OperatorContext(
         kube=kube,
         metrics=metrics,

@@ -83,7 +83,7 @@ async def _pool(ctx: OperatorContext, memory: FleetMemory, token: str) -> Engine
     metrics = ctx.metrics
 
     def on_latency(step: str, seconds: float, outcome: str) -> None:
-        metrics.engine_request_seconds.labels(step.split(":", 1)[0], outcome).observe(seconds)
+        metrics.engine_requests(step.split(":", 1)[0], outcome).observe(seconds)
 
     # Room for every pod's concurrent reads on kept-alive connections: with fewer, a 1,024-pod fleet
     # churned connections (bench/results/rollout_overhead.md).

@@ -845,9 +845,7 @@ class RolloutPass:
         if done.seconds is None:
             return
         self.memory.durations.setdefault(self.key, {}).setdefault(step.value, []).append(done.seconds)
-        self.ctx.metrics.step_duration.labels(*self.fleet_labels, step.value, self.plan.mode.value).observe(
-            done.seconds
-        )
+        self.ctx.metrics.step_durations(*self.fleet_labels, step.value, self.plan.mode.value).observe(done.seconds)
 
     def _count_session(self, target: str, outcome: str) -> None:
         self.ctx.metrics.push_sessions.labels(*self.fleet_labels, target, outcome).inc()
