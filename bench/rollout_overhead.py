@@ -12,7 +12,9 @@ function, ``lower_bound``), the operator's CPU seconds, peak and current RSS (fr
 Kubernetes API requests per pod (its own counters on /metrics) and how the machine's cores were shared.
 ``--profile`` samples the operator with py-spy during each scenario (a profiler, not a dependency of the
 project: ``.venv/bin/pip install py-spy`` first); ``--soak-revisions N`` then applies N
-zero-latency revisions back to back and samples the operator's RSS every 50.
+zero-latency revisions back to back and samples the operator's RSS every 50 (``--soak-keep K`` deletes each
+revision once K newer ones succeeded, as a trainer or a Git repository that prunes its history would: what
+the operator keeps per revision object is then told apart from what it keeps per revision rolled).
 
     .venv/bin/python bench/rollout_overhead.py --sizes 64 256 1024 --out bench/results/rollout_overhead.md
     .venv/bin/python bench/rollout_overhead.py --sizes 64 --soak-revisions 1000 --out /tmp/soak.md
@@ -679,6 +681,14 @@ class Fleet:
         )
         return name
 
+    def delete_revision(self, revision: int) -> None:
+        """Delete ``create_revision``'s object for ``revision`` (gone already: nothing to do)."""
+        from kubernetes.client.exceptions import ApiException
+
+        with contextlib.suppress(ApiException):
+            name = f"step-{revision}"
+            self.custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "weightrevisions", name)
+
     def await_revision(self, name: str, timeout: float) -> dict[str, Any]:
         """Watch the revision until a final phase (or the timeout); the last status seen.
 
@@ -990,8 +1000,9 @@ def run_rest(fleet: Fleet, seconds: float) -> dict[str, Any]:
     }
 
 
-def run_soak(fleet: Fleet, revisions: int, first_revision: int) -> dict[str, Any]:
-    """``revisions`` zero-latency sleep-mode AllAtOnce revisions back to back; the operator's RSS every 50."""
+def run_soak(fleet: Fleet, revisions: int, first_revision: int, keep: int | None = None) -> dict[str, Any]:
+    """``revisions`` zero-latency sleep-mode AllAtOnce revisions back to back; the operator's RSS every 50.
+    ``keep``: delete each soak revision once ``keep`` newer ones succeeded (None: every revision stays)."""
     fleet.set_strategy("AllAtOnce", 1)
     time.sleep(2)
     fleet.wait_settled(120 + 0.25 * fleet.n)
@@ -1013,6 +1024,8 @@ def run_soak(fleet: Fleet, revisions: int, first_revision: int) -> dict[str, Any
             samples.append({"revisions": i, "rss_mb": round(rss, 1), "elapsed_s": round(elapsed, 1)})
             break
         done = i
+        if keep is not None and i > keep:
+            fleet.delete_revision(first_revision + i - 1 - keep)
         if i % SOAK_SAMPLE_EVERY == 0 or i == revisions:
             elapsed = time.monotonic() - started
             rss = _rss_mb(fleet.operator.pid)[1]
@@ -1027,6 +1040,7 @@ def run_soak(fleet: Fleet, revisions: int, first_revision: int) -> dict[str, Any
         "kind": "soak",
         "pods": fleet.n,
         "revisions": revisions,
+        "kept": keep,
         "succeeded": done,
         "samples": samples,
         "growth_after_100_mb": growth,
@@ -1184,8 +1198,13 @@ def report(
             f"## Memory soak: {soak['pods']} pods, {soak['succeeded']}/{soak['revisions']} zero-latency revisions "
             "back to back",
             "",
-            "Sleep-mode AllAtOnce revisions, each created once the previous one Succeeded; revisions are kept",
-            "(not deleted). RSS is the operator's VmRSS after that many revisions.",
+            "Sleep-mode AllAtOnce revisions, each created once the previous one Succeeded; "
+            + (
+                "revisions are kept (not deleted)."
+                if soak.get("kept") is None
+                else f"each deleted once {soak['kept']} newer ones succeeded (--soak-keep)."
+            ),
+            "RSS is the operator's VmRSS after that many revisions.",
             "",
             "| revisions | RSS MB | elapsed s | s/revision since the previous sample |",
             "|---:|---:|---:|---:|",
@@ -1260,6 +1279,9 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="sample the operator with py-spy per scenario")
     parser.add_argument("--soak-revisions", type=int, default=0, help="then N zero-latency revisions back to back")
     parser.add_argument(
+        "--soak-keep", type=int, default=None, help="the soak deletes each revision once this many newer succeeded"
+    )
+    parser.add_argument(
         "--rest-seconds", type=float, default=0, help="then the fleet at rest this long: what the operator spends"
     )
     parser.add_argument("--subnet-offset", type=int, default=0, help="first fake node's 127.1.<offset>.0/24")
@@ -1296,7 +1318,7 @@ def main() -> int:
                     rests.append(rest)
                     record(rest)
                 if args.soak_revisions > 0:
-                    soak = run_soak(fleet, args.soak_revisions, first_revision=len(scenarios) + 1)
+                    soak = run_soak(fleet, args.soak_revisions, len(scenarios) + 1, args.soak_keep)
                     soaks.append(soak)
                     record(soak)
         finally:  # after each size, and after a failure too: partial runs leave their results

@@ -33,7 +33,6 @@ an error message; ``repr`` redacts it.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import random
 import time
@@ -585,7 +584,7 @@ class EngineClient:
             weight_version=cast(str | None, version) if versioned else None,
             states=cast(list[wire.StateResult], states),
         )
-        return dataclasses.replace(state, versioned=versioned, admitted=admitted, instance=instance)
+        return state.evolve(versioned=versioned, admitted=admitted, instance=instance)
 
     async def _reads_apart(self, deadline: float | None) -> list[Any]:
         """The five reads of ``observe`` as five requests: (paused, sleeping, version, states, admission),
@@ -696,7 +695,7 @@ class EngineClient:
         state = state_from_wire(
             paused=known.paused, sleeping=known.sleeping, weight_version=known.weight_version, states=states
         )
-        return dataclasses.replace(state, versioned=known.versioned, admitted=admitted, instance=instance)
+        return state.evolve(versioned=known.versioned, admitted=admitted, instance=instance)
 
     # --- several calls of one step in one request (rolloutfleet_worker.sequence) ------------------------
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Any
 
 from rolloutfleet.api.fleet import DraftPolicy as DraftPolicy  # re-exported: one vocabulary, the CRD's
 
@@ -162,6 +163,24 @@ class EngineState:
         """The snapshot of an engine that could not be observed for ``fault``."""
         return cls(reachable=False, error=error, fault=fault)
 
+    def evolve(self, **changes: Any) -> EngineState:
+        """``dataclasses.replace(self, **changes)``, about three times faster.
+
+        The operator derives a new snapshot from the last one at every acknowledged step and in the planner's
+        look-ahead (``planning.transaction``): ~20 per pod per revision, 6 % of its CPU at 1,024 pods with
+        ``replace`` (which builds the keyword arguments of every field and runs the frozen ``__init__``). This
+        copies the fields as they are: right because the class has no ``__post_init__`` and its defaults only
+        matter to new objects (``tests/unit/engine/test_engine_state.py`` holds both, against ``replace``).
+        """
+        new = _new(EngineState)
+        for name in _STATE_FIELDS:
+            _set(new, name, getattr(self, name))
+        for name, value in changes.items():
+            if name not in _STATE_FIELD_SET:
+                raise TypeError(f"EngineState has no field {name!r}")
+            _set(new, name, value)
+        return new
+
     @property
     def pair(self) -> tuple[int | None, int | None]:
         """(verifier revision, draft revision): the pair this engine would serve if resumed."""
@@ -176,6 +195,12 @@ class EngineState:
     def serving(self) -> bool:
         """True when the engine is reachable, not paused and not asleep: requests are being served."""
         return self.reachable and not self.paused and not self.sleeping
+
+
+_STATE_FIELDS = tuple(field.name for field in dataclasses.fields(EngineState))
+_STATE_FIELD_SET = frozenset(_STATE_FIELDS)
+_new = object.__new__
+_set = object.__setattr__  # a frozen dataclass's own __init__ sets its fields this way
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

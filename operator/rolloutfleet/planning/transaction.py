@@ -543,38 +543,36 @@ def acknowledged(
     observations, and always re-reads every engine before resuming it and before calling a pod done.
     """
     if step == Step.STAGE and stage is not None:
-        return dataclasses.replace(state, staged=stage)
+        return state.evolve(staged=stage)
     if step == Step.UNSTAGE:
-        return dataclasses.replace(state, staged=None)
+        return state.evolve(staged=None)
     if step == Step.PAUSE:  # the pause withdrew the engine's admission first (where it has one)
         admitted = None if state.admitted is None else False
-        return dataclasses.replace(state, paused=True, sleeping=True, admitted=admitted)
+        return state.evolve(paused=True, sleeping=True, admitted=admitted)
     if step == Step.SLEEP:
         draft = None if state.draft is None else TargetState(policy=state.draft.policy)
-        return dataclasses.replace(
-            state, resident=False, mapped=False, verifier=TargetState(), draft=draft, sleep_level=None
-        )
+        return state.evolve(resident=False, mapped=False, verifier=TargetState(), draft=draft, sleep_level=None)
     if step == Step.WAKE_WEIGHTS:
-        return dataclasses.replace(state, mapped=True)
+        return state.evolve(mapped=True)
     if step in (Step.LOAD_VERIFIER, Step.COMMIT_VERIFIER) and load is not None:
         verifier = TargetState(revision=load.revision, digest=load.digest, path=load.path, verified=True)
         resident = state.draft is None or state.draft.digest is not None
         staged = _committed(state.staged, Target.VERIFIER) if step == Step.COMMIT_VERIFIER else state.staged
-        return dataclasses.replace(state, verifier=verifier, resident=resident, staged=staged)
+        return state.evolve(verifier=verifier, resident=resident, staged=staged)
     if step in (Step.LOAD_DRAFT, Step.RESTORE_DRAFT, Step.COMMIT_DRAFT) and load is not None:
         policy = state.draft.policy if state.draft is not None else None
         draft = TargetState(revision=load.revision, digest=load.digest, path=load.path, verified=True, policy=policy)
         staged = _committed(state.staged, Target.DRAFT) if step == Step.COMMIT_DRAFT else state.staged
-        return dataclasses.replace(state, draft=draft, resident=True, staged=staged)
+        return state.evolve(draft=draft, resident=True, staged=staged)
     if step == Step.END_SESSION and load is not None and state.session is not None:
         received = TargetState(revision=load.revision, digest=load.digest, verified=True)
         if load.target == Target.VERIFIER:
-            return dataclasses.replace(state, session=None, verifier=received)
+            return state.evolve(session=None, verifier=received)
         policy = state.draft.policy if state.draft is not None else None
-        return dataclasses.replace(state, session=None, draft=dataclasses.replace(received, policy=policy))
+        return state.evolve(session=None, draft=dataclasses.replace(received, policy=policy))
     if step == Step.RESUME:  # the resume stamped the weight version where the engine has versions
         version = goal.weight_version if state.versioned else state.weight_version
-        return dataclasses.replace(state, paused=False, sleeping=False, sleep_level=0, weight_version=version)
+        return state.evolve(paused=False, sleeping=False, sleep_level=0, weight_version=version)
     if step == Step.JOIN_GROUP and goal.push.group_epoch is not None and group is not None:
-        return dataclasses.replace(state, group=group)
+        return state.evolve(group=group)
     return state

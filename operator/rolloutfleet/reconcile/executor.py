@@ -416,7 +416,7 @@ async def execute_chain(
             part = answer.parts[index]
             if call is WITHDRAW_CALL and not 200 <= part["status"] < 300:
                 log.warning("%s: not withdrawn: %s", engine.base_url, part)
-                known = dataclasses.replace(session.known, admitted=False) if session.known is not None else None
+                known = session.known.evolve(admitted=False) if session.known is not None else None
                 rest = [s for s, _ in plan[len(out) :]]
                 return out + await _one_by_one(engine, rest, goal, timeouts, dataclasses.replace(session, known=known))
             try:

@@ -17,7 +17,6 @@ So a pod that restarted, is paused mid-update, or holds anything unverified is n
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import logging
 from typing import Any
@@ -105,7 +104,7 @@ async def open_for(
         except engine_wire.EngineError as exc:
             log.warning("pod %s: not admitted: %s", pod["metadata"]["name"], exc)
             return state
-        return dataclasses.replace(state, admitted=True)
+        return state.evolve(admitted=True)
     return state
 
 
@@ -128,7 +127,7 @@ async def close_for(
     if withdraw and state.admitted is not False and state.reachable:
         try:
             await client.withdraw()
-            state = dataclasses.replace(state, admitted=False if state.admitted is not None else None)
+            state = state.evolve(admitted=False if state.admitted is not None else None)
         except engine_wire.EngineError as exc:
             log.warning("pod %s: not withdrawn: %s", pod["metadata"]["name"], exc)
     await set_gate(ctx, pod, False, reason, message)

@@ -835,7 +835,7 @@ class RolloutPass:
         if step == Step.RESUME:
             if isinstance(result, executor.Resumed) and result.admitted is not None:
                 # The resume's request admitted the process too (``executor``): ``_route`` only opens the gate.
-                self.states[pod] = dataclasses.replace(self.states[pod], admitted=result.admitted)
+                self.states[pod] = self.states[pod].evolve(admitted=result.admitted)
             if not read_first:
                 self.reads += 1  # the resume's guard read what the engine holds, in the same request
             self.opened_early.discard(pod)  # opened and now resumed: its gate is what it serves
