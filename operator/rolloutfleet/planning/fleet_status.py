@@ -70,44 +70,24 @@ def observed(
     for pod in sorted(live, key=lambda p: _ordinal(p["metadata"]["name"])):
         name = pod["metadata"]["name"]
         status = pod.get("status") or {}
-        before = previous.get(name)
         seen = engines.get(name)
+        before = previous.get(name)
         carried = seen if seen is not None else before
-        fields = (
-            status.get("podIP"),
-            status.get("phase") or "Pending",
-            _pod_ready(pod),
-            carried.revision if carried else None,
-            carried.draft_revision if carried else None,
-            carried.step if carried else None,
-            carried.weight_version if carried else None,
-        )
+        values = {
+            "name": name,
+            "ip": status.get("podIP"),
+            "phase": status.get("phase") or "Pending",
+            "ready": _pod_ready(pod),
+            "revision": carried.revision if carried else None,
+            "draft_revision": carried.draft_revision if carried else None,
+            "step": carried.step if carried else None,
+            "weight_version": carried.weight_version if carried else None,
+        }
         # An entry that did not change is the previous one (most pods between two writes: a pass rewrites the
         # status every 1-2 s while a quarter of a Rolling fleet moves); building it again was half of a write.
-        if before is not None and fields == (
-            before.ip,
-            before.phase,
-            before.ready,
-            before.revision,
-            before.draft_revision,
-            before.step,
-            before.weight_version,
-        ):
-            entries.append(before)
-            continue
-        ip, phase, routed, revision, draft_revision, step, weight_version = fields
-        entries.append(
-            PodState(
-                name=name,
-                ip=ip,
-                phase=phase,
-                ready=routed,
-                revision=revision,
-                draft_revision=draft_revision,
-                step=step,
-                weight_version=weight_version,
-            )
-        )
+        # A model's ``__dict__`` is its fields by name: a field added to PodState and not set here makes every
+        # comparison unequal, so the shortcut can only rebuild too often, never keep a stale entry.
+        entries.append(before if before is not None and before.__dict__ == values else PodState(**values))
     ready = sum(1 for e in entries if e.ready)
     updated = sum(
         1
