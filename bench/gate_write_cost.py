@@ -12,7 +12,8 @@ each patch type, 16 requests in flight (the operator's own concurrency is of tha
 control-plane process's CPU from /proc before and after (1.5 s after the last answer, so the watchers'
 reactions are counted). Patch types: a strategic merge of the one condition (what the operator sends,
 conditions merge by ``type``) and a JSON patch that tests the uid and the condition's index, then replaces
-it (what would avoid the server's merge).
+it (what would avoid the server's merge); and the strategic merge asking for the pod's metadata only as the
+answer (what the operator asks since it stopped reading these answers), with the answers' size.
 
     .venv/bin/python bench/gate_write_cost.py --pods 256 --rounds 3 --out bench/results/gate_write_cost.md
 """
@@ -34,6 +35,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rollout_overhead import create_weights_volume, fleet_spec  # bench/, the scripts' directory, is sys.path[0]
+
+from rolloutfleet.adapters.kube_http import METADATA_ONLY
 
 GATE = "rolloutfleet.io/weights-ready"
 NAMESPACE = "gates"
@@ -71,7 +74,13 @@ def json_patch(body: dict[str, Any], value: str) -> Any:
     return ops  # a list: the client sends it as application/json-patch+json
 
 
-PATCHES: dict[str, Callable[[dict[str, Any], str], Any]] = {"strategic merge": strategic, "JSON patch": json_patch}
+# (patch body, Accept header: None for the whole pod) per row. "metadata-only answer" is what the operator
+# sends since its writes stopped reading their answer (``adapters.kube_http.METADATA_ONLY``).
+PATCHES: dict[str, tuple[Callable[[dict[str, Any], str], Any], str | None]] = {
+    "strategic merge": (strategic, None),
+    "JSON patch": (json_patch, None),
+    "strategic merge, metadata-only answer": (strategic, METADATA_ONLY),
+}
 
 
 def start(pods: int, tmp: pathlib.Path) -> tuple[Any, Any]:
@@ -109,22 +118,38 @@ def measure(local: Any, core: Any, pods: int, rounds: int) -> list[dict[str, Any
     rows = []
     with concurrent.futures.ThreadPoolExecutor(IN_FLIGHT) as pool:
         for index in range(rounds):
-            for kind, build in PATCHES.items():
+            for kind, (build, accept) in PATCHES.items():
                 for value in ("False", "True"):
                     items = json.loads(core.list_namespaced_pod(NAMESPACE, _preload_content=False).data)["items"]
                     time.sleep(2)  # the previous flip's aftermath is over
                     before = {pid: cpu_seconds(pid) for pid in pids}
                     started = time.monotonic()
 
-                    def write(body: dict[str, Any], build: Any = build, value: str = value) -> None:
+                    def write(
+                        body: dict[str, Any], build: Any = build, value: str = value, accept: Any = accept
+                    ) -> int:
                         name = body["metadata"]["name"]
-                        core.patch_namespaced_pod_status(name, NAMESPACE, build(body, value), _preload_content=False)
+                        headers = {"Accept": accept} if accept else None
+                        answer = core.patch_namespaced_pod_status(
+                            name, NAMESPACE, build(body, value), _preload_content=False, _headers=headers
+                        )
+                        return len(answer.data)
 
-                    list(pool.map(write, items))
+                    sizes = list(pool.map(write, items))
                     wall = time.monotonic() - started
                     time.sleep(SETTLE_SECONDS)
                     per_write = {names[p]: 1000 * (cpu_seconds(p) - before[p]) / pods for p in pids}
-                    rows.append({"round": index, "patch": kind, "to": value, "wall_s": wall, "ms": per_write})
+                    answer_bytes = statistics.median(sizes)
+                    rows.append(
+                        {
+                            "round": index,
+                            "patch": kind,
+                            "to": value,
+                            "wall_s": wall,
+                            "ms": per_write,
+                            "bytes": answer_bytes,
+                        }
+                    )
                     print(f"[gates] round {index} {kind} -> {value}: {wall:.2f} s, {per_write}", file=sys.stderr)
     return rows
 
@@ -143,15 +168,18 @@ def report(rows: list[dict[str, Any]], pods: int, rounds: int, command: str) -> 
         f"flipped {rounds} time(s) each way per patch type, {IN_FLIGHT} writes in flight. CPU milliseconds per write",
         "(medians over the flips), counted until 1.5 s after the last answer so that the watchers' work is in:",
         "",
-        "| patch | " + " | ".join(processes) + " | control plane in all | writes/s |",
-        "|---|" + "---:|" * (len(processes) + 2),
+        "| patch | " + " | ".join(processes) + " | control plane in all | writes/s | answer bytes |",
+        "|---|" + "---:|" * (len(processes) + 3),
     ]
     for kind in PATCHES:
         mine = [r for r in rows if r["patch"] == kind]
         medians = [statistics.median(r["ms"][p] for r in mine) for p in processes]
         total = statistics.median(sum(r["ms"].values()) for r in mine)
         rate = statistics.median(pods / r["wall_s"] for r in mine)
-        lines.append(f"| {kind} | " + " | ".join(f"{m:.2f}" for m in medians) + f" | {total:.2f} | {rate:.0f} |")
+        size = statistics.median(r["bytes"] for r in mine)
+        lines.append(
+            f"| {kind} | " + " | ".join(f"{m:.2f}" for m in medians) + f" | {total:.2f} | {rate:.0f} | {size:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -11,9 +11,10 @@ import time
 
 import aiohttp
 import pytest
-from kubernetes import client
+from kubernetes import client, config
 
 from rolloutfleet.adapters.kube import KUBE_THREADS, Kube, KubeError
+from rolloutfleet.adapters.kube_http import KubeHTTP
 
 pytestmark = pytest.mark.integration
 
@@ -62,6 +63,34 @@ async def test_a_gate_patch_for_a_replaced_pod_is_refused(
         assert any(c.type == GATE and c.status == "True" for c in conditions)
     finally:
         await kube.aclose()
+
+
+async def test_a_write_whose_answer_is_not_read_is_answered_with_metadata_only(
+    k8s_api: client.ApiClient, kubeconfig_path: pathlib.Path, namespace: str
+) -> None:
+    """The operator's status writes do not read their answer (``decode=False``) and ask the API server for the
+    object's metadata only (``METADATA_ONLY``): this pins that a real API server honours that for a pod's
+    status subresource, so a gate write is not answered with the whole pod, and that the write lands."""
+    core = client.CoreV1Api(k8s_api)
+    core.create_namespaced_pod(namespace, _pod("policy-1"))
+    configuration = config.new_client_from_config(config_file=str(kubeconfig_path), persist_config=False).configuration
+    http = KubeHTTP(configuration, limit=1)
+    condition = {"type": GATE, "status": "True", "reason": "Serving", "message": "serves revision 3, verified"}
+    try:
+        answer = await http.request(
+            "PATCH",
+            f"/api/v1/namespaces/{namespace}/pods/policy-1/status",
+            body={"status": {"conditions": [condition]}},
+            content_type="application/strategic-merge-patch+json",
+            timeout=10,
+            metadata_only=True,
+        )
+    finally:
+        await http.close()
+    assert answer["kind"] == "PartialObjectMetadata" and set(answer) == {"kind", "apiVersion", "metadata"}
+    assert answer["metadata"]["name"] == "policy-1" and answer["metadata"]["resourceVersion"]
+    conditions = core.read_namespaced_pod_status("policy-1", namespace).status.conditions or []
+    assert any(c.type == GATE and c.status == "True" for c in conditions)
 
 
 async def test_a_burst_of_calls_reuses_kept_alive_connections(namespace: str, kubeconfig_path: pathlib.Path) -> None:

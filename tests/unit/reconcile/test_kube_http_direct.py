@@ -17,7 +17,7 @@ import ssl
 import pytest
 from kubernetes import client as k8s_client
 
-from rolloutfleet.adapters.kube_http import KubeHTTP, KubeHTTPError
+from rolloutfleet.adapters.kube_http import METADATA_ONLY, KubeHTTP, KubeHTTPError
 from rolloutfleet.sandbox import certs
 
 pytestmark = pytest.mark.both_loops  # the operator runs this code on uvloop (handlers/event_loop.py)
@@ -42,6 +42,7 @@ async def test_requests_keep_credentials_prefix_query_and_errors(pki: certs.Pki,
     answers = [
         answer(200, {"kind": "PodList", "items": []}),
         answer(404, {"kind": "Status", "message": 'pods "p-9" not found', "code": 404}),
+        answer(200, {"kind": "PartialObjectMetadata", "metadata": {"name": "p-8"}}),
     ]
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -77,12 +78,27 @@ async def test_requests_keep_credentials_prefix_query_and_errors(pki: certs.Pki,
                 content_type="application/strategic-merge-patch+json",
                 timeout=5,
             )
+        unread = await http.request(
+            "PATCH",
+            "/api/v1/namespaces/ns/pods/p-8/status",
+            body={"status": {}},
+            content_type="application/strategic-merge-patch+json",
+            timeout=5,
+            decode=False,
+        )
     finally:
         await http.close()
         server.close()
     assert listed == {"kind": "PodList", "items": []}
     assert (err.value.status, str(err.value)) == (404, 'pods "p-9" not found')
-    (get_head, _), (patch_head, patch_body) = seen
+    assert unread is None
+    (get_head, _), (patch_head, patch_body), (unread_head, _) = seen
+    # A write whose answer nobody reads asks for the object's metadata only (the whole pod, or a fleet status
+    # with a row per pod, encoded by the API server and decrypted here for nothing), plain JSON as the
+    # fallback; a read asks for the object.
+    assert b"\r\nAccept: application/json\r\n" in patch_head
+    assert b"\r\nAccept: " + METADATA_ONLY.encode() + b"\r\n" in unread_head
+    assert METADATA_ONLY.endswith(",application/json")
     assert get_head.startswith(b"GET /gateway/cluster-1/api/v1/namespaces/ns/pods?labelSelector=a%3Db HTTP/1.1\r\n")
     assert b"\r\nauthorization: Bearer tok\r\n" in get_head and b"\r\nAccept: application/json\r\n" in get_head
     assert get_head.count(b"Accept:") == 1 and get_head.count(b"User-Agent:") == 1
