@@ -169,7 +169,33 @@ async def reconcile_revisions(
     # fleet moved nowhere while they still served it (the smoke soak's check c).
     if served is not None and "served" not in status:
         fields["served"] = writes.served_wire(served, revision_status.timestamp())  # recorded once (upgrade)
-    await writes.patch_fleet(ctx, fleet_body, fields)
+    # Written beside the token's read, the pod list and a revision's pre-flight (which only read), and waited
+    # for before any engine moves (``RolloutPass.run``): one round trip less between a revision's creation
+    # and its first pause (0.06 s of the 0.10 s pick-up at 1,024 pods on 16 cores, issue 18).
+    announcing = asyncio.ensure_future(writes.patch_fleet(ctx, fleet_body, fields))
+    try:
+        outcome = await _pass(ctx, namespace, fleet_name, memory, interrupted, fleet_body, spec, sel, announcing)
+    except BaseException:
+        announcing.cancel()
+        await asyncio.gather(announcing, return_exceptions=True)
+        raise
+    await announcing  # (done by now; its error, if any, is the pass's)
+    return outcome
+
+
+async def _pass(
+    ctx: OperatorContext,
+    namespace: str,
+    fleet_name: str,
+    memory: FleetMemory,
+    interrupted: Callable[[], bool],
+    fleet_body: Manifest,
+    spec: RolloutFleetSpec,
+    sel: revisions.Selection,
+    announcing: asyncio.Future[None],
+) -> PassOutcome:
+    """The pass once its revisions are settled: the pods, and the rollout toward ``sel``'s goal. The fleet's
+    record of the target (``announcing``) is waited for before any engine or gate is touched."""
     token = await _token(ctx, namespace, fleet_name)
     if token is None:
         return PassOutcome()  # the fleet reconcile has not made the Secret yet
@@ -196,6 +222,7 @@ async def reconcile_revisions(
     started = time.monotonic()
     try:
         if sel.goal is None:
+            await announcing
             behind = await _initial_gates(ctx, spec, view, clients, everyone=not at_rest)
             if not behind:
                 await writes.patch_fleet(ctx, fleet_body, {"targetRevision": None})
@@ -205,7 +232,7 @@ async def reconcile_revisions(
             # completed): back to the initial weights, and only them (the others have nothing to reload).
             sel = dataclasses.replace(sel, goal=rest_goal)
             view = dataclasses.replace(view, order=behind)
-        rollout = RolloutPass(ctx, spec, fleet_body, memory, sel, view, clients, interrupted)
+        rollout = RolloutPass(ctx, spec, fleet_body, memory, sel, view, clients, interrupted, announcing)
         outcome = await rollout.run()
         if resting and rollout.found_at_rest:
             memory.rest = RestMark(sel.goal, signature, started)

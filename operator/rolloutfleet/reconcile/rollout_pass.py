@@ -25,7 +25,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rolloutfleet.adapters.engine import EngineClient
@@ -124,9 +124,13 @@ class RolloutPass:
         pods: PodView,
         clients: dict[str, EngineClient],
         interrupted: Callable[[], bool],
+        announced: Awaitable[None] | None = None,
     ) -> None:
         self.ctx, self.spec, self.fleet_body, self.memory, self.sel = ctx, spec, fleet_body, memory, sel
         self.pods, self.clients, self.interrupted = pods, clients, interrupted
+        # The fleet's record of the target, written beside the pre-flight (``reconcile.revision``) and the
+        # revision's RolloutStarted event: both waited for before the first step.
+        self.before_steps: list[Awaitable[None]] = [announced] if announced is not None else []
         self.order = pods.order
         self.rank = {pod: i for i, pod in enumerate(self.order)}  # a pod's place in ``order``
         self._undone_hint: str | None = None  # a pod of ``order`` last found not done (``_all_done``)
@@ -200,20 +204,27 @@ class RolloutPass:
         # What a kick about this revision's creation repeats (``FleetMemory.stale_kick``): it does not end the pass.
         self.memory.working_on = (self.rev.name, writes.generation(self.rev.body)) if self.rev is not None else None
         if self.rev is not None and self.rev.status.phase == Phase.PENDING:
-            await self.ctx.kube.event(
+            # Beside the pre-flight (events never fail a pass: ``Kube.event``).
+            started = self.ctx.kube.event(
                 writes.wrev_ref(self.rev.body),
                 "Normal",
                 "RolloutStarted",
                 f"moving {len(self.order)} pods to revision {self.goal.revision} "
                 f"({self.plan.mode.value}, {self.plan.rollout.value})",
             )
+            self.before_steps.append(asyncio.ensure_future(started))
         try:
-            if await self._rollback_impossible():
-                return PassOutcome(again=True, idle=False)
-            if await self._preflight_refused():
+            refused = await self._rollback_impossible() or await self._preflight_refused()
+            await self._before_steps()
+            if refused:
                 return PassOutcome(again=True, idle=False)
             return await self._iterations()
         finally:
+            # Only after an error are these still running: the pass's caller sees the error it raised.
+            for waiting in self.before_steps:
+                if isinstance(waiting, asyncio.Future):
+                    waiting.cancel()
+            await asyncio.gather(*self.before_steps, return_exceptions=True)
             self.memory.working_on = None
             for task in self.inflight.values():  # only after an error: every normal exit drains first
                 task.cancel()
@@ -238,6 +249,12 @@ class RolloutPass:
                 t["steps"],
                 t["status"],
             )
+
+    async def _before_steps(self) -> None:
+        """Wait for what runs beside the pre-flight (the target's record, the event); an error is raised here,
+        before any engine moves."""
+        await asyncio.gather(*self.before_steps)
+        self.before_steps = []
 
     async def _rollback_impossible(self) -> bool:
         """A rollback to pushed weights cannot happen without the trainer: fail it at once, pods stay out of

@@ -14,9 +14,11 @@ from unittest import mock
 
 import kopf
 import pytest
-from reconcile_fakes import Harness, count_observations, harness, loads, pod_of
+from kube_fakes import FakeCall
+from reconcile_fakes import Harness, call_name, count_observations, harness, loads, ok_calls, pod_of
 
 from rolloutfleet.adapters.engine import EngineClient
+from rolloutfleet.adapters.kube import KubeError
 from rolloutfleet.handlers import wiring
 from rolloutfleet.reconcile import revision, revision_loop, status_writes
 
@@ -449,3 +451,58 @@ async def test_the_status_claims_nothing_for_an_engine_that_does_not_answer(tmp_
         await h.settle(max_passes=1, require_idle=False)
         entry = next(p for p in h.fleet_status()["pods"] if p["name"] == pod)
         assert entry.get("revision") is None and entry.get("step") == "Unreachable", entry
+
+
+def is_target_write(call: FakeCall) -> bool:
+    """The pass's write of the fleet's ``targetRevision`` for revision 1."""
+    body = call.body if call.verb == "patch_status" and call.kind == "RolloutFleet" else None
+    return body is not None and body["status"].get("targetRevision") == 1
+
+
+async def test_the_target_is_written_beside_the_pre_flight_and_before_any_pause(tmp_path: pathlib.Path) -> None:
+    """The fleet's ``targetRevision`` goes out beside the pre-flight (which only reads) instead of before it:
+    one round trip less between a revision's creation and its first pause (issue 18). It still lands before
+    any engine moves: a pass that had paused engines for a target nobody recorded would show the fleet
+    moving nowhere. The write is held here until every pre-flight has run; no pause may come before it."""
+    async with harness(tmp_path, replicas=3) as h:
+        preflights: list[int] = []
+        landed: list[int] = []
+        original = EngineClient.preflights_then_observe
+
+        async def preflight(client: EngineClient, *args: Any, **kwargs: Any) -> Any:
+            preflights.append(h.next_order())
+            return await original(client, *args, **kwargs)
+
+        async def slow_target(call: FakeCall) -> None:
+            if is_target_write(call):
+                await h.until(lambda: len(preflights) == 3, "every pre-flight while the target is written")
+                landed.append(h.next_order())
+
+        h.kube.before_call = slow_target
+        with mock.patch.object(EngineClient, "preflights_then_observe", preflight):
+            h.apply_revision("step-1", 1)
+            await h.settle()
+        pauses = [e["order"] for log in h.logs().values() for e in ok_calls(log) if call_name(e).startswith("pause")]
+        assert len(landed) == 1 and len(preflights) == 3 and len(pauses) == 3
+        assert max(preflights) < landed[0] < min(pauses)
+        assert h.revision_status("step-1")["phase"] == "Succeeded"
+
+
+async def test_a_target_that_cannot_be_written_moves_no_engine(tmp_path: pathlib.Path) -> None:
+    """The other half of the rule above: the target's write failing (here, the API server refusing it) ends
+    the pass with its error before any engine pauses, whatever the pre-flight beside it found; the next pass
+    starts again from the engines."""
+    async with harness(tmp_path, replicas=3) as h:
+
+        async def refuse_target(call: FakeCall) -> None:
+            if is_target_write(call):
+                raise KubeError(500, "etcdserver: request timed out")
+
+        h.kube.before_call = refuse_target
+        h.apply_revision("step-1", 1)
+        with pytest.raises(KubeError):
+            await h.run_pass()
+        assert not [e for log in h.logs().values() for e in ok_calls(log) if call_name(e).startswith("pause")]
+        h.kube.before_call = None
+        await h.settle()
+        assert h.revision_status("step-1")["phase"] == "Succeeded"
