@@ -231,6 +231,7 @@ class Kube:
         body: Any = None,
         content_type: str | None = None,
         decode: bool = True,
+        metadata_only: bool = False,
     ) -> Any:
         """One request on the event loop's session (``adapters.kube_http``), errors as ``KubeError``."""
         self._count(verb)
@@ -239,7 +240,14 @@ class Kube:
             self._http = KubeHTTP(configuration, limit=self._threads)
         try:
             return await self._http.request(
-                method, path, params=params, body=body, content_type=content_type, timeout=timeout, decode=decode
+                method,
+                path,
+                params=params,
+                body=body,
+                content_type=content_type,
+                timeout=timeout,
+                decode=decode,
+                metadata_only=metadata_only,
             )
         except KubeHTTPError as exc:
             raise KubeError(exc.status, str(exc)) from exc
@@ -335,18 +343,21 @@ class Kube:
         status: Manifest,
         *,
         resource_version: str | None = None,
-    ) -> None:
-        """Merge-patch the status subresource (only the fields given).
+    ) -> str | None:
+        """Merge-patch the status subresource (only the fields given); the object's resourceVersion after it.
 
         With ``resource_version`` the write is conditional: the API server answers 409 when the object
         changed since that version was read (optimistic concurrency). The answer is asked as the object's
-        metadata only and not decoded (the whole object has a row per pod in our statuses: nobody read it,
-        and kopf's watch brings the change).
+        metadata only (the whole object has a row per pod in our statuses: nobody reads it, and kopf's watch
+        brings the change); its resourceVersion lets the next conditional write go without a read
+        (``reconcile.fleet``).
         """
         body: Manifest = {"status": status}
         if resource_version is not None:
             body["metadata"] = {"resourceVersion": resource_version}
-        await self._patch(api_version, kind, namespace, name, body, subresource="status", decode=False)
+        answer = await self._patch(api_version, kind, namespace, name, body, subresource="status", metadata_only=True)
+        version = (answer.get("metadata") or {}).get("resourceVersion")
+        return str(version) if version else None
 
     async def patch_labels(
         self, api_version: str, kind: str, namespace: str, name: str, labels: dict[str, str]
@@ -383,13 +394,21 @@ class Kube:
         subresource: str | None = None,
         strategic: bool = False,
         decode: bool = True,
+        metadata_only: bool = False,
     ) -> Manifest:
         """One PATCH: a JSON merge patch, or a strategic merge (lists merged by key) for core kinds; the object
-        as patched (``decode=False``: not read, an empty dict)."""
+        as patched (``metadata_only``: its metadata; ``decode=False``: not read, an empty dict)."""
         path = await self._path(api_version, kind, namespace, name, subresource)
         content_type = "application/strategic-merge-patch+json" if strategic else "application/merge-patch+json"
         out = await self._send(
-            "patch", "PATCH", path, body=body, content_type=content_type, timeout=self.request_timeout, decode=decode
+            "patch",
+            "PATCH",
+            path,
+            body=body,
+            content_type=content_type,
+            timeout=self.request_timeout,
+            decode=decode,
+            metadata_only=metadata_only,
         )
         return cast(Manifest, out) if decode else {}
 

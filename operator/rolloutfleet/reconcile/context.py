@@ -12,6 +12,7 @@ import dataclasses
 from rolloutfleet.adapters.engine import EnginePool
 from rolloutfleet.adapters.kube import Kube
 from rolloutfleet.api.engine import EngineState
+from rolloutfleet.api.fleet import RolloutFleetSpec, RolloutFleetStatus
 from rolloutfleet.metrics import Metrics
 
 
@@ -27,6 +28,23 @@ class RestMark:
     goal: object
     pods: tuple[tuple[object, ...], ...]
     read_at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusMemo:
+    """A fleet's status as this process last wrote (or found) it, and the fleet as it was then.
+
+    ``body``: the fleet's metadata (``resourceVersion`` the one the write answered) and spec, ``spec`` the
+    spec parsed, ``status`` and ``wire`` the status as a model and as written. ``reconcile.fleet`` builds the
+    next status from it instead of reading the fleet again; the write is conditional on that resourceVersion,
+    so any other write to the fleet since (a spec change, the revision loop's own fields, another process)
+    makes it a 409, and the fleet is read again.
+    """
+
+    body: dict[str, object]
+    spec: RolloutFleetSpec
+    status: RolloutFleetStatus
+    wire: dict[str, object]
 
 
 @dataclasses.dataclass
@@ -50,6 +68,7 @@ class FleetMemory:
     # When the fleet's status was last built from fresh reads (monotonic; ``reconcile.fleet``): a periodic
     # resync right after a pass's refresh has nothing to add to it.
     status_observed_at: float = float("-inf")
+    status_memo: StatusMemo | None = None
     probe_passed: dict[str, bool] = dataclasses.field(default_factory=dict)
     preflight_passed: dict[str, bool] = dataclasses.field(default_factory=dict)
     revision_labels: set[str] = dataclasses.field(default_factory=set)  # pods_at_revision label values set

@@ -18,7 +18,7 @@ from rolloutfleet.adapters.kube import KubeError
 from rolloutfleet.api import common, validation
 from rolloutfleet.api.fleet import RolloutFleetSpec, RolloutFleetStatus
 from rolloutfleet.planning import fleet_status, pod_readiness
-from rolloutfleet.reconcile.context import OperatorContext
+from rolloutfleet.reconcile.context import OperatorContext, StatusMemo
 from rolloutfleet.resources import children, labels
 
 Manifest = dict[str, Any]
@@ -55,7 +55,7 @@ async def reconcile_fleet(ctx: OperatorContext, body: Manifest, *, fresh_within:
         # not at all by a resync that leaves a fresh one (at 1,024 pods each parse builds 1,024 entries).
         old_status = _parse_status(body.get("status"))
         new_status = fleet_status.invalid(old_status, message, generation)
-        written = await _write_status(ctx, body, old_status, new_status)
+        written = await _write_status(ctx, body, old_status.to_wire(), new_status.to_wire()) is not None
         if written and fleet_status.newly_invalid(old_status, message):
             await ctx.kube.event(body, "Warning", "ValidationFailed", message)
         ctx.metrics.reconciles.labels("RolloutFleet", "invalid").inc()
@@ -82,15 +82,19 @@ async def reconcile_fleet(ctx: OperatorContext, body: Manifest, *, fresh_within:
     return FleetOutcome(valid=True, applied=len(desired), status_written=written)
 
 
-async def _observe_and_write(ctx: OperatorContext, body: Manifest, spec: RolloutFleetSpec) -> bool:
+async def _observe_and_write(
+    ctx: OperatorContext, body: Manifest, spec: RolloutFleetSpec, memo: StatusMemo | None = None
+) -> bool:
     """Build the status from the StatefulSet, the pods and the revision loop's view; write what changed.
 
     The write is conditional on ``body``'s resourceVersion: a status computed from an old copy of the fleet
-    is refused (409) instead of overwriting newer fields, and the caller retries from a fresh read.
+    is refused (409) instead of overwriting newer fields, and the caller retries from a fresh read. ``memo``:
+    the status as this process last wrote it, ``body`` the fleet then (``refresh_status``), instead of the
+    status ``body`` carries.
     """
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
-    old_status = _parse_status(body.get("status"))
+    old_status = memo.status if memo is not None else _parse_status(body.get("status"))
     sts = await ctx.kube.get("apps/v1", "StatefulSet", namespace, labels.statefulset_name(name))
     pods = await ctx.kube.list("v1", "Pod", namespace, labels.selector_string(name))
     generation = int(meta.get("generation") or 0)
@@ -98,18 +102,50 @@ async def _observe_and_write(ctx: OperatorContext, body: Manifest, spec: Rollout
         old_status, spec, name, generation, sts, pods, _engines(ctx, namespace, name, pods)
     )
     ctx.metrics.replicas_ready.labels(namespace, name).set(new_status.ready_replicas)
-    written = await _write_status(ctx, body, old_status, new_status)
+    old_wire = memo.wire if memo is not None else old_status.to_wire()
+    new_wire = new_status.to_wire()
+    version = await _write_status(ctx, body, old_wire, new_wire)
     memory = ctx.fleets.get((namespace, name))  # (not created here: a deleted fleet's memory is gone for good)
     if memory is not None:
         memory.status_observed_at = time.monotonic()
-    if written:
+        # Kept with the version the fleet has now: the write's, or with nothing written the one read. A write
+        # whose answer named none leaves nothing to write on from: the next refresh reads the fleet. A version
+        # that is not the latest (kopf's copy of the fleet can be older) only costs that refresh a 409 and a read.
+        current = version if version is not None else meta.get("resourceVersion")
+        memory.status_memo = (
+            StatusMemo(
+                body={"metadata": {**meta, "resourceVersion": current}, "spec": body.get("spec")},
+                spec=spec,
+                status=new_status,
+                wire=new_wire,
+            )
+            if current
+            else None
+        )
+    if version is not None:
         await _events_for_flips(ctx, body, old_status, new_status)
-    return written
+    return version is not None
 
 
 async def refresh_status(ctx: OperatorContext, namespace: str, name: str, attempts: int = 3) -> bool:
     """Rewrite a fleet's status from fresh reads (the revision loop calls it after each pass, so per-pod
-    revisions show at once rather than at the fleet's next resync). Retries on a write conflict."""
+    revisions show at once rather than at the fleet's next resync). Retries on a write conflict.
+
+    The fleet itself is read only when this process's last status write is not the fleet's latest change
+    (``StatusMemo``): during a pass, at 1,024 pods every two seconds, that read (the fleet with a row per pod)
+    and parsing its status again were a quarter of each refresh (issue 18).
+    """
+    memory = ctx.fleets.get((namespace, name))
+    memo = memory.status_memo if memory is not None else None
+    if memo is not None:
+        try:
+            return await _observe_and_write(ctx, memo.body, memo.spec, memo)
+        except KubeError as exc:
+            if exc.status not in (404, 409):
+                raise
+            # 409: the fleet changed since (its spec, the revision loop's fields, another writer): read it.
+            # 404: it is gone (the read below says so).
+            memory.status_memo = None  # type: ignore[union-attr]
     for _ in range(attempts):
         body = await ctx.kube.get(common.API_VERSION, "RolloutFleet", namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
@@ -173,14 +209,14 @@ async def _ensure_token(ctx: OperatorContext, owner: children.Owner) -> None:
         await ctx.kube.create(children.build_token_secret(owner, secrets.token_urlsafe(32)))
 
 
-async def _write_status(ctx: OperatorContext, body: Manifest, old: RolloutFleetStatus, new: RolloutFleetStatus) -> bool:
-    """Patch the status subresource only with fields that changed."""
-    old_wire, new_wire = old.to_wire(), new.to_wire()
+async def _write_status(ctx: OperatorContext, body: Manifest, old_wire: Manifest, new_wire: Manifest) -> str | None:
+    """Patch the status subresource only with fields that changed; the fleet's resourceVersion after the
+    write, or None when nothing changed (or the answer named none)."""
     changed = {k: v for k, v in new_wire.items() if old_wire.get(k) != v}
     if not changed:
-        return False
+        return None
     meta = body["metadata"]
-    await ctx.kube.patch_status(
+    version = await ctx.kube.patch_status(
         common.API_VERSION,
         "RolloutFleet",
         meta["namespace"],
@@ -188,7 +224,7 @@ async def _write_status(ctx: OperatorContext, body: Manifest, old: RolloutFleetS
         changed,
         resource_version=meta.get("resourceVersion"),
     )
-    return True
+    return version or ""
 
 
 async def _events_for_flips(

@@ -145,8 +145,9 @@ class FakeKube:
         status: Manifest,
         *,
         resource_version: str | None = None,
-    ) -> None:
-        """Merge-patch ``status``; 404 when absent, 409 when ``resource_version`` is given and stale."""
+    ) -> str | None:
+        """Merge-patch ``status``; 404 when absent, 409 when ``resource_version`` is given and stale; the
+        object's resourceVersion after it (bumped only by a change, as the API server does)."""
         await self._call("patch", FakeCall("patch_status", kind, namespace, name, {"status": status}))
         key = (api_version, kind, namespace, name)
         obj = self.objects.get(key)
@@ -169,6 +170,7 @@ class FakeKube:
         if new_status != (obj.get("status") or {}):
             obj["status"] = new_status
             obj["metadata"]["resourceVersion"] = str(next(self._rv))
+        return str(obj["metadata"]["resourceVersion"])
 
     async def patch_labels(
         self, api_version: str, kind: str, namespace: str, name: str, labels: dict[str, str]
