@@ -91,7 +91,9 @@ SOAK_REVISION_TIMEOUT_S = 120.0
 SOAK_SAMPLE_EVERY = 50
 PASS_LINE = re.compile(
     r"pass (?P<key>\S+): (?P<iterations>\d+) iterations, (?P<reads>\d+) engine reads in (?P<seconds>[0-9.]+)s"
+    r"(?:[^;\n]*; at (?P<marks>[^)\n]*)\))?"
 )
+PASS_MARK = re.compile(r"(?P<phase>[a-z][a-z -]*) (?P<at>[0-9.]+)s")
 
 
 # -- scenarios, latencies and the lower bound (pure) ----------------------------------------------------
@@ -652,11 +654,14 @@ class Fleet:
             f.seek(offset)
             text = f.read().decode(errors="replace")
         found = [m for m in PASS_LINE.finditer(text) if m["key"] == key]
+        last_marks = (found[-1]["marks"] or "") if found else ""
         return {
             "passes": len(found),
             "iterations": sum(int(m["iterations"]) for m in found),
             "engine_reads": sum(int(m["reads"]) for m in found),
             "seconds": round(sum(float(m["seconds"]) for m in found), 2),
+            # When the last pass reached each phase, seconds from its start (the operator's own log line).
+            "phases": {m["phase"]: float(m["at"]) for m in PASS_MARK.finditer(last_marks)},
         }
 
     def create_revision(self, revision: int, mode: str) -> str:

@@ -192,6 +192,9 @@ class RolloutPass:
         # The first read, made with the pre-flight (``_preflight_refused``): the pods it read and its answers.
         self.first_read: tuple[list[str], list[engine.EngineState]] | None = None
         self.timing = {"start": time.monotonic(), "iterations": 0, "observe": 0.0, "steps": 0.0, "status": 0.0}
+        # When the pass reached each of its phases, seconds from its start (logged at its end): where a
+        # revision's time went, e.g. between the last engine step and the last gate write (issue 18).
+        self.marks: dict[str, float] = {}
         # Staging (docs/staging.md): what each pod's staging came to, for the status (seeded from it).
         self.staging = staging.seeded(self.rev.status.pods) if self.rev is not None else {}
         if self.rev is not None:
@@ -216,6 +219,7 @@ class RolloutPass:
         try:
             refused = await self._rollback_impossible() or await self._preflight_refused()
             await self._before_steps()
+            self._mark("pre-flight")
             if refused:
                 return PassOutcome(again=True, idle=False)
             return await self._iterations()
@@ -240,7 +244,7 @@ class RolloutPass:
             t = self.timing
             log.info(
                 "pass %s: %d iterations, %d engine reads in %.2fs (observe %.2fs, waiting on steps %.2fs, "
-                "status %.2fs)",
+                "status %.2fs; at %s)",
                 self.key,
                 t["iterations"],
                 self.reads,
@@ -248,7 +252,13 @@ class RolloutPass:
                 t["observe"],
                 t["steps"],
                 t["status"],
+                ", ".join(f"{phase} {at:.2f}s" for phase, at in self.marks.items()) or "-",
             )
+
+    def _mark(self, phase: str, *, again: bool = False) -> None:
+        """Note when the pass reached ``phase`` (the first time only, unless ``again``)."""
+        if again or phase not in self.marks:
+            self.marks[phase] = time.monotonic() - self.timing["start"]
 
     async def _before_steps(self) -> None:
         """Wait for what runs beside the pre-flight (the target's record, the event); an error is raised here,
@@ -342,7 +352,9 @@ class RolloutPass:
                 # Routed before the revision is called Succeeded: a pod that resumed but is not admitted yet
                 # (an admit refused, or an operator that died between the resume and the admit) is out of the
                 # Service, and Succeeded tells the trainer that every pod serves the revision.
+                self._mark("all done")
                 await self._sync_gates()
+                self._mark("gates written", again=True)
                 if self._complete():
                     await self._stop_fleet_writer()
                     return await self._finish()  # the pass's last progress rides on the final phase's write
@@ -376,6 +388,8 @@ class RolloutPass:
                 self.opening[self.push_epoch] = set(opens)
                 self.pod_epoch.update(dict.fromkeys(opens, self.push_epoch))
             self._resume_together(chosen)
+            if chosen:
+                self._mark("first step")
             for pod, decision in chosen.items():
                 task = self.inflight[pod] = asyncio.create_task(self._step(pod, decision))
                 task.add_done_callback(functools.partial(self._step_ended, pod))
@@ -717,6 +731,7 @@ class RolloutPass:
         self.changed.add(pod)
         self.ended.append(pod)
         self.step_done.set()
+        self._mark("last step ended", again=True)
 
     def _all_done(self) -> bool:
         if self.pods.starting or len(self.order) < self.spec.replicas:
@@ -1200,6 +1215,7 @@ class RolloutPass:
         await writes.patch_fleet(
             self.ctx, self.fleet_body, {"currentRevision": rev.number, "targetRevision": None, "served": served}
         )
+        self._mark("fleet recorded")
         await writes.finalize(
             self.ctx,
             rev,
@@ -1208,6 +1224,7 @@ class RolloutPass:
             f"{len(self.order)}/{len(self.order)} pods serve revision {rev.number}, digests verified",
             over=progress,
         )
+        self._mark("succeeded")
         self.ctx.metrics.rollout_duration.labels(*self.fleet_labels, "Succeeded").observe(elapsed)
         return PassOutcome(again=True, idle=False)
 

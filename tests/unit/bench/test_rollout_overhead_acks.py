@@ -29,3 +29,17 @@ def test_engine_processes_default_to_half_the_cores(cores: int, procs: int) -> N
     """One follower serving 1,024 engines on the 16-core device inflated every step it answered (the bench's
     lower bound assumes engines on time); on 2 cores a second one would only share them."""
     assert bench.default_engine_procs(cores) == procs
+
+
+def test_the_pass_line_s_phases_are_read_and_older_lines_still_parse() -> None:
+    """The operator's pass log line (``RolloutPass.run``) as the bench reads it: the last pass's phases, and
+    the line as operators before the phases wrote it (an A/B against an older tree) still counted."""
+    text = (
+        "pass step-1: 300 iterations, 2048 engine reads in 4.75s (observe 0.16s, waiting on steps 4.1s, status 0.02s;"
+        " at pre-flight 0.40s, first step 0.52s, last step ended 4.10s, succeeded 4.75s)\n"
+        "pass step-2: 7 iterations, 8 engine reads in 1.50s (observe 0.01s, waiting on steps 1.2s, status 0.01s)\n"
+    )
+    lines = list(bench.PASS_LINE.finditer(text))
+    assert [m["key"] for m in lines] == ["step-1", "step-2"] and lines[1]["marks"] is None
+    phases = {m["phase"]: float(m["at"]) for m in bench.PASS_MARK.finditer(lines[0]["marks"])}
+    assert phases == {"pre-flight": 0.4, "first step": 0.52, "last step ended": 4.1, "succeeded": 4.75}
