@@ -252,7 +252,7 @@ class RolloutPass:
                 t["observe"],
                 t["steps"],
                 t["status"],
-                ", ".join(f"{phase} {at:.2f}s" for phase, at in self.marks.items()) or "-",
+                ", ".join(f"{phase} {at:.2f}s" for phase, at in sorted(self.marks.items(), key=lambda m: m[1])) or "-",
             )
 
     def _mark(self, phase: str, *, again: bool = False) -> None:
@@ -390,6 +390,8 @@ class RolloutPass:
             self._resume_together(chosen)
             if chosen:
                 self._mark("first step")
+                if any(d.step == Step.RESUME for d in chosen.values()):
+                    self._mark("first resume")
             for pod, decision in chosen.items():
                 task = self.inflight[pod] = asyncio.create_task(self._step(pod, decision))
                 task.add_done_callback(functools.partial(self._step_ended, pod))
@@ -865,6 +867,7 @@ class RolloutPass:
         # the last commit releases it): what staging came to is known without waiting for the next read.
         self._record_staging(pod)
         if step == Step.RESUME:
+            self._mark("last resume answered", again=True)
             if isinstance(result, executor.Resumed) and result.admitted is not None:
                 # The resume's request admitted the process too (``executor``): ``_route`` only opens the gate.
                 self.states[pod] = self.states[pod].evolve(admitted=result.admitted)

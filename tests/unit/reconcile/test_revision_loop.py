@@ -511,7 +511,17 @@ async def test_a_target_that_cannot_be_written_moves_no_engine(tmp_path: pathlib
 async def test_a_pass_logs_when_it_reached_each_phase(tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
     """Where a revision's time went, from the operator's own log (the benchmark reads it: ``bench/
     rollout_overhead.py``, ``PASS_LINE``): each phase once, in the order a revision goes through them."""
-    phases = ["pre-flight", "first step", "last step ended", "all done", "gates written", "fleet recorded", "succeeded"]
+    phases = [
+        "pre-flight",
+        "first step",
+        "first resume",
+        "last resume answered",
+        "last step ended",
+        "all done",
+        "gates written",
+        "fleet recorded",
+        "succeeded",
+    ]
     with caplog.at_level(logging.INFO, logger="rolloutfleet.reconcile.rollout_pass"):
         async with harness(tmp_path, replicas=2) as h:
             h.apply_revision("step-1", 1)
