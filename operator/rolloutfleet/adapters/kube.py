@@ -86,6 +86,23 @@ class _TimedDynamicClient(DynamicClient):
 
 
 KUBE_THREADS = 16  # concurrent API calls (each blocks a thread: the official client is synchronous)
+# The hot path's requests (gets, lists, patches: ``adapters.kube_http``) in flight at once; the rest wait their
+# turn. ``ROLLOUTFLEET_KUBE_IN_FLIGHT`` overrides it (docs/install.md).
+IN_FLIGHT_ENV = "ROLLOUTFLEET_KUBE_IN_FLIGHT"
+
+
+def in_flight_from_environment() -> int:
+    """``ROLLOUTFLEET_KUBE_IN_FLIGHT``: a positive number of requests, or ``KUBE_THREADS`` when unset."""
+    raw = os.environ.get(IN_FLIGHT_ENV, "").strip()
+    if not raw:
+        return KUBE_THREADS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 1024:
+        raise ValueError(f"{IN_FLIGHT_ENV}={raw!r}: expected a number of requests from 1 to 1024")
+    return value
 
 
 class Kube:
@@ -100,10 +117,12 @@ class Kube:
         api_client: k8s_client.ApiClient | None = None,
         *,
         threads: int = KUBE_THREADS,
+        in_flight: int | None = None,
         request_timeout: float = REQUEST_TIMEOUT_SECONDS,
         list_timeout: float = LIST_TIMEOUT_SECONDS,
     ) -> None:
         self._api_client = api_client
+        self._in_flight = in_flight or threads
         self.request_timeout = request_timeout
         self.list_timeout = list_timeout
         self._dynamic: DynamicClient | None = None
@@ -141,6 +160,7 @@ class Kube:
         return cls(
             k8s_client.ApiClient(configuration),
             threads=KUBE_THREADS,
+            in_flight=in_flight_from_environment(),
             request_timeout=request_timeout,
             list_timeout=list_timeout,
         )
@@ -237,7 +257,7 @@ class Kube:
         self._count(verb)
         if self._http is None:
             configuration = (self._api_client or k8s_client.ApiClient()).configuration
-            self._http = KubeHTTP(configuration, limit=self._threads)
+            self._http = KubeHTTP(configuration, limit=self._in_flight)
         try:
             return await self._http.request(
                 method,
