@@ -17,6 +17,7 @@ import ssl
 import pytest
 from kubernetes import client as k8s_client
 
+from rolloutfleet.adapters import kube
 from rolloutfleet.adapters.kube_http import METADATA_ONLY, KubeHTTP, KubeHTTPError
 from rolloutfleet.sandbox import certs
 
@@ -117,3 +118,16 @@ async def test_an_unreachable_api_server_is_status_zero(tmp_path: pathlib.Path) 
     finally:
         await http.close()
     assert err.value.status == 0 and "cannot connect to 127.0.0.1:9" in str(err.value)
+
+
+def test_the_requests_in_flight_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ROLLOUTFLEET_KUBE_IN_FLIGHT`` (docs/install.md): unset, the client's thread count; a bad value stops
+    the operator at start with the variable named, rather than running with a limit nobody asked for."""
+    monkeypatch.delenv(kube.IN_FLIGHT_ENV, raising=False)
+    assert kube.in_flight_from_environment() == kube.KUBE_THREADS
+    monkeypatch.setenv(kube.IN_FLIGHT_ENV, "64")
+    assert kube.in_flight_from_environment() == 64
+    for bad in ("0", "-3", "lots", "5000"):
+        monkeypatch.setenv(kube.IN_FLIGHT_ENV, bad)
+        with pytest.raises(ValueError, match=kube.IN_FLIGHT_ENV):
+            kube.in_flight_from_environment()
