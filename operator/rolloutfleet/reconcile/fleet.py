@@ -114,7 +114,13 @@ async def _observe_and_write(
         current = version if version is not None else meta.get("resourceVersion")
         memory.status_memo = (
             StatusMemo(
-                body={"metadata": {**meta, "resourceVersion": current}, "spec": body.get("spec")},
+                # What later refreshes take from the fleet: its spec, and for Events its apiVersion and kind.
+                body={
+                    "apiVersion": body.get("apiVersion") or common.API_VERSION,
+                    "kind": body.get("kind") or "RolloutFleet",
+                    "metadata": {**meta, "resourceVersion": current},
+                    "spec": body.get("spec"),
+                },
                 spec=spec,
                 status=new_status,
                 wire=new_wire,

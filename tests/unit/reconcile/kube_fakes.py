@@ -215,12 +215,15 @@ class FakeKube:
         self.objects.pop((api_version, kind, namespace, name), None)
 
     async def event(self, involved: Manifest, type_: str, reason: str, message: str) -> None:
-        """Record the event (the adapter posts a core/v1 Event through ``create``: one request)."""
+        """Record the event (the adapter posts a core/v1 Event through ``create``: one request). The involved
+        object needs what the adapter's Event needs of it: apiVersion, kind and metadata."""
         meta = involved["metadata"]
+        api_version, kind = involved["apiVersion"], involved["kind"]  # KeyError, as in the adapter
         await self._call("create", FakeCall("event", "Event", meta.get("namespace"), meta.get("name")))
         self.events.append(
             {
-                "kind": involved.get("kind"),
+                "apiVersion": api_version,
+                "kind": kind,
                 "name": meta.get("name"),
                 "namespace": meta.get("namespace"),
                 "type": type_,

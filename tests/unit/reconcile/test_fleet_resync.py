@@ -80,3 +80,19 @@ async def test_a_refresh_writes_on_from_its_own_last_write_and_reads_the_fleet_a
         h.kube.set_pod(h.namespace, h.pods[2], phase="Unknown")
         h.kube.delete_user(common.API_VERSION, "RolloutFleet", h.namespace, h.fleet)
         assert await fleet_reconcile.refresh_status(h.ctx, h.namespace, h.fleet) is False
+
+
+async def test_a_condition_flipped_by_a_refresh_from_its_own_write_is_an_event_on_the_fleet(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The sandbox demo's operator log showed a KeyError: a refresh built on its own last write (the fleet not
+    read again) kept only the fleet's metadata and spec, and the Event for a flipped condition names the
+    fleet by apiVersion and kind too. A pod failing flips Degraded: the Warning is posted on the fleet."""
+    async with harness(tmp_path, replicas=3) as h:
+        assert h.memory.status_memo is not None  # the passes' refresh wrote the status: the next builds on it
+        h.kube.set_pod(h.namespace, h.pods[0], phase="Failed")
+        assert await fleet_reconcile.refresh_status(h.ctx, h.namespace, h.fleet)
+        degraded = h.kube.events_for(h.fleet, "PodsFailing")
+        assert [(e["apiVersion"], e["kind"], e["type"]) for e in degraded] == [
+            (common.API_VERSION, "RolloutFleet", "Warning")
+        ]
