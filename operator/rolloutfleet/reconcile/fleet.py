@@ -142,8 +142,8 @@ async def refresh_status(ctx: OperatorContext, namespace: str, name: str, attemp
     and parsing its status again were a quarter of each refresh (issue 18).
     """
     memory = ctx.fleets.get((namespace, name))
-    memo = memory.status_memo if memory is not None else None
-    if memo is not None:
+    if memory is not None and memory.status_memo is not None:
+        memo = memory.status_memo
         try:
             return await _observe_and_write(ctx, memo.body, memo.spec, memo)
         except KubeError as exc:
@@ -151,7 +151,7 @@ async def refresh_status(ctx: OperatorContext, namespace: str, name: str, attemp
                 raise
             # 409: the fleet changed since (its spec, the revision loop's fields, another writer): read it.
             # 404: it is gone (the read below says so).
-            memory.status_memo = None  # type: ignore[union-attr]
+            memory.status_memo = None
     for _ in range(attempts):
         body = await ctx.kube.get(common.API_VERSION, "RolloutFleet", namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):

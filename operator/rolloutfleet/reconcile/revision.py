@@ -179,7 +179,7 @@ async def reconcile_revisions(
         announcing.cancel()
         await asyncio.gather(announcing, return_exceptions=True)
         raise
-    await announcing  # (done by now; its error, if any, is the pass's)
+    await announcing  # (usually done: a pass waits for it before its first step); its error is the pass's
     return outcome
 
 
