@@ -11,7 +11,8 @@ time from creation to a final phase against the lower bound for the same drawn l
 function, ``lower_bound``), the operator's CPU seconds, peak and current RSS (from /proc), its engine and
 Kubernetes API requests per pod (its own counters on /metrics) and how the machine's cores were shared.
 ``--profile`` samples the operator with py-spy during each scenario (a profiler, not a dependency of the
-project: ``.venv/bin/pip install py-spy`` first); ``--soak-revisions N`` then applies N
+project: ``.venv/bin/pip install py-spy`` first; ``--profile-native`` samples with ``--native`` instead, the
+event loop's thread only, its polls told apart); ``--soak-revisions N`` then applies N
 zero-latency revisions back to back and samples the operator's RSS every 50 (``--soak-keep K`` deletes each
 revision once K newer ones succeeded, as a trainer or a Git repository that prunes its history would: what
 the operator keeps per revision object is then told apart from what it keeps per revision rolled).
@@ -263,13 +264,29 @@ def _frame(frame: str) -> tuple[str, str]:
     return f"{match['func']} ({path})", path
 
 
-def summarize_profile(raw: str, *, top: int = 15, library_top: int = 10) -> dict[str, Any]:
+# --profile-native: the event loop's thread is the one whose stack passes through this frame; a sample whose
+# innermost native frame is the loop's poll is told apart (a wait, or with work ready a poll that does not
+# wait: py-spy drops the samples it sees idle, and cannot tell these two apart).
+MAIN_THREAD_FRAME = "Runner.run (asyncio/runners.py)"
+NATIVE_IDLE_LEAVES = frozenset({"epoll_pwait", "epoll_wait", "poll", "select"})
+
+
+def _is_python(path: str) -> bool:
+    return path.endswith(".py") or path.startswith("<frozen")
+
+
+def summarize_profile(raw: str, *, top: int = 15, library_top: int = 10, native: bool = False) -> dict[str, Any]:
     """Summarize py-spy's raw output (lines ``frame;frame;... COUNT``, outermost frame first).
 
     Functions (frames without their line) as percentages of all samples: the ``top`` by self time, the
     ``top`` of ours (``rolloutfleet/``) by inclusive time, and the ``library_top`` other functions by
     inclusive time, ``SCAFFOLDING`` left out. A function counts once per sample however often it recurs in
-    the stack. ``idle_pct``: samples whose leaf is a wait (``IDLE_LEAVES``)."""
+    the stack. ``idle_pct``: samples whose leaf is a wait (``IDLE_LEAVES``).
+
+    ``native`` (``py-spy --native``, blocking, every thread): only the event loop's thread
+    (``MAIN_THREAD_FRAME``); samples in the loop's poll (``NATIVE_IDLE_LEAVES``) are counted in ``idle_pct``
+    and left out of the percentages; "self" is the innermost Python frame (the C code under it, uvloop's
+    included, is charged to it; the loop's own C work to ``Runner.run``)."""
     total = idle = 0
     own_self: collections.Counter[str] = collections.Counter()
     own_incl: collections.Counter[str] = collections.Counter()
@@ -279,8 +296,17 @@ def summarize_profile(raw: str, *, top: int = 15, library_top: int = 10) -> dict
         if not stack or not count.isdigit():
             continue
         samples = int(count)
-        total += samples
         frames = [_frame(f) for f in stack.split(";")]
+        if native:
+            if not any(name == MAIN_THREAD_FRAME for name, _ in frames):
+                continue
+            if frames[-1][0].split(" (", 1)[0] in NATIVE_IDLE_LEAVES:
+                idle += samples
+                continue
+            frames = [(name, path) for name, path in frames if _is_python(path)]
+            if not frames:
+                continue
+        total += samples
         own_self[frames[-1][0]] += samples
         idle += samples if frames[-1][0] in IDLE_LEAVES else 0
         for name in {name for name, path in frames if path.startswith("rolloutfleet/")}:
@@ -291,9 +317,11 @@ def summarize_profile(raw: str, *, top: int = 15, library_top: int = 10) -> dict
     def pct(counter: collections.Counter[str], k: int) -> list[tuple[str, float]]:
         return [(name, round(100 * c / total, 1)) for name, c in counter.most_common(k)] if total else []
 
+    seen = total + idle if native else total  # native: the waits were left out of ``total``
     return {
         "samples": total,
-        "idle_pct": round(100 * idle / total, 1) if total else None,
+        "native": native,
+        "idle_pct": round(100 * idle / seen, 1) if seen else None,
         "self": pct(own_self, top),
         "own_inclusive": pct(own_incl, top),
         "library_inclusive": pct(lib_incl, library_top),
@@ -889,7 +917,8 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
             spy = subprocess.Popen(
                 [
                     str(pathlib.Path(sys.executable).parent / "py-spy"),
-                    *("record", "-p", str(fleet.operator.pid), "-r", "100", "-f", "raw", "--nonblocking"),
+                    *("record", "-p", str(fleet.operator.pid), "-r", "100", "-f", "raw"),
+                    "--native" if args.profile_native else "--nonblocking",
                     *("-o", str(spy_file), "-d", str(int(REVISION_TIMEOUT_S) + 60)),
                 ],
                 stdout=spy_log,
@@ -914,7 +943,11 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
             except subprocess.TimeoutExpired:
                 spy.kill()
                 spy.wait()
-    profile = summarize_profile(spy_file.read_text()) if spy_file is not None and spy_file.exists() else None
+    profile = (
+        summarize_profile(spy_file.read_text(), native=args.profile_native)
+        if spy_file is not None and spy_file.exists()
+        else None
+    )
     replaced = len({uid for _, _, uid in pods} - {uid for _, _, uid in fleet.pods()})
     cpu = {k: round(cpu1.get(k, 0.0) - cpu0.get(k, 0.0), 2) for k in cpu1}
     wall = cpu.pop("t")
@@ -1172,7 +1205,18 @@ def report(
             ]
             lines.append("| " + " | ".join(_fmt(v) for v in cells) + " |")
     profiled = [r for r in rows if r.get("profile")]
-    if profiled:
+    if profiled and any(r["profile"].get("native") for r in profiled):
+        lines += [
+            "",
+            "## Operator profiles (py-spy --native, 100 Hz, blocking; % of the event loop thread's working samples)",
+            "",
+            "py-spy stops the operator at each sample here: the profiled rows' CPU and walls are not comparable",
+            "with unprofiled ones. Only the event loop's thread is counted. Its samples in the loop's poll (a wait,",
+            "or a poll with work ready: py-spy cannot tell) are the 'waiting' share and left out of the",
+            "percentages. Self time is charged to the innermost Python frame (C code under it included); the",
+            "loop's own C work shows as `Runner.run`.",
+        ]
+    elif profiled:
         lines += [
             "",
             "## Operator profiles (py-spy, 100 Hz, non-blocking; % of the samples py-spy took of active threads)",
@@ -1181,8 +1225,11 @@ def report(
             "leaves out the frames every stack passes through (runpy, asyncio.run, the event loop's dispatch,",
             "thread bootstrap, the executor's worker). 'Waiting' samples end in a wait that py-spy's non-blocking",
             "idle detection let through (the event loop's select, a thread's blocking TLS read of the API",
-            "server's answer, an executor thread on its queue); they are in the percentages.",
+            "server's answer, an executor thread on its queue); they are in the percentages. Under uvloop",
+            "`Runner.run`'s self time is the loop's C code, its polls included (`--profile-native` tells the",
+            "polls apart).",
         ]
+    if profiled:
         for r in profiled:
             p = r["profile"]
             lines += [
@@ -1282,6 +1329,12 @@ def main() -> int:
         help="follower processes serving the engines (default: half the cores, 1 to 8)",
     )
     parser.add_argument("--profile", action="store_true", help="sample the operator with py-spy per scenario")
+    parser.add_argument(
+        "--profile-native",
+        action="store_true",
+        help="with --profile: py-spy --native (blocking: the profiled rows' CPU and walls are not comparable); "
+        "the event loop's thread only, its waits told apart",
+    )
     parser.add_argument("--soak-revisions", type=int, default=0, help="then N zero-latency revisions back to back")
     parser.add_argument(
         "--soak-keep", type=int, default=None, help="the soak deletes each revision once this many newer succeeded"
@@ -1293,6 +1346,7 @@ def main() -> int:
     parser.add_argument("--out", default="bench/results/rollout_overhead.md")
     parser.add_argument("--json", default=str(pathlib.Path(tempfile.gettempdir()) / "rollout_overhead.json"))
     args = parser.parse_args()
+    args.profile = args.profile or args.profile_native
     names = [] if args.scenarios.strip() in ("", "none") else [s for s in args.scenarios.split(",") if s.strip()]
     scenarios = [Scenario.parse(s) for s in names]
     if args.engine_procs < 1:

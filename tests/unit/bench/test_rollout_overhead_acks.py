@@ -43,3 +43,25 @@ def test_the_pass_line_s_phases_are_read_and_older_lines_still_parse() -> None:
     assert [m["key"] for m in lines] == ["step-1", "step-2"] and lines[1]["marks"] is None
     phases = {m["phase"]: float(m["at"]) for m in bench.PASS_MARK.finditer(lines[0]["marks"])}
     assert phases == {"pre-flight": 0.4, "first step": 0.52, "last step ended": 4.1, "succeeded": 4.75}
+
+
+def test_a_native_profile_counts_the_loop_thread_s_work_and_tells_its_waits_apart() -> None:
+    """``--profile-native``: py-spy samples every thread. The nonblocking profiles put 40-47 % of the samples
+    in ``Runner.run`` itself, whose native frames are largely the loop's poll (bench/results/
+    rollout_overhead.md): here those are the waiting share, other threads are out, and C frames are charged to
+    the Python frame above them."""
+    loop = "Runner.run (asyncio/runners.py:118);run_until_complete (loop.c:35410);uv_run (core.c:452)"
+    gate = "set_gate (rolloutfleet/reconcile/gates.py:70)"
+    raw = "\n".join(
+        [
+            f"{loop};uv__io_poll (linux.c:1400);epoll_pwait (libc.so.6) 50",
+            f"{loop};Handle__run (loop.c:70959);{gate};Py_DECREF (object.h:537) 30",
+            f"{loop};uv__io_poll (linux.c:1400);uv__read (stream.c:1100) 20",
+            "Thread._bootstrap (threading.py:1002);_worker (concurrent/futures/thread.py:81);futex (libc.so.6) 400",
+        ]
+    )
+    profile = bench.summarize_profile(raw, native=True)
+    assert profile["samples"] == 50 and profile["idle_pct"] == 50.0
+    set_gate, loop_itself = "set_gate (rolloutfleet/reconcile/gates.py)", "Runner.run (asyncio/runners.py)"
+    assert dict(profile["self"]) == {set_gate: 60.0, loop_itself: 40.0}
+    assert dict(profile["own_inclusive"]) == {set_gate: 60.0}
