@@ -1205,7 +1205,7 @@ def report(
             ]
             lines.append("| " + " | ".join(_fmt(v) for v in cells) + " |")
     profiled = [r for r in rows if r.get("profile")]
-    if profiled and any(r["profile"].get("native") for r in profiled):
+    if any(r["profile"].get("native") for r in profiled):
         lines += [
             "",
             "## Operator profiles (py-spy --native, 100 Hz, blocking; % of the event loop thread's working samples)",
@@ -1229,21 +1229,20 @@ def report(
             "`Runner.run`'s self time is the loop's C code, its polls included (`--profile-native` tells the",
             "polls apart).",
         ]
-    if profiled:
-        for r in profiled:
-            p = r["profile"]
-            lines += [
-                "",
-                f"### {r['pods']} pods, {r['scenario']} ({p['samples']} samples, {_fmt(p.get('idle_pct'))} % "
-                f"waiting; raw: `{r['profile_file']}`)",
-            ]
-            for title, key in (
-                ("Self time", "self"),
-                ("Inclusive, rolloutfleet/", "own_inclusive"),
-                ("Inclusive, libraries", "library_inclusive"),
-            ):
-                lines += ["", f"{title}:", "", "| % | function |", "|---:|---|"]
-                lines += [f"| {pct} | `{name}` |" for name, pct in p[key]]
+    for r in profiled:
+        p = r["profile"]
+        lines += [
+            "",
+            f"### {r['pods']} pods, {r['scenario']} ({p['samples']} samples, {_fmt(p.get('idle_pct'))} % "
+            f"waiting; raw: `{r['profile_file']}`)",
+        ]
+        for title, key in (
+            ("Self time", "self"),
+            ("Inclusive, rolloutfleet/", "own_inclusive"),
+            ("Inclusive, libraries", "library_inclusive"),
+        ):
+            lines += ["", f"{title}:", "", "| % | function |", "|---:|---|"]
+            lines += [f"| {pct} | `{name}` |" for name, pct in p[key]]
     for soak in soaks:
         lines += [
             "",

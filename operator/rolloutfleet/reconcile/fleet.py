@@ -55,7 +55,7 @@ async def reconcile_fleet(ctx: OperatorContext, body: Manifest, *, fresh_within:
         # not at all by a resync that leaves a fresh one (at 1,024 pods each parse builds 1,024 entries).
         old_status = _parse_status(body.get("status"))
         new_status = fleet_status.invalid(old_status, message, generation)
-        written = await _write_status(ctx, body, old_status.to_wire(), new_status.to_wire()) is not None
+        written, _ = await _write_status(ctx, body, old_status.to_wire(), new_status.to_wire())
         if written and fleet_status.newly_invalid(old_status, message):
             await ctx.kube.event(body, "Warning", "ValidationFailed", message)
         ctx.metrics.reconciles.labels("RolloutFleet", "invalid").inc()
@@ -104,14 +104,14 @@ async def _observe_and_write(
     ctx.metrics.replicas_ready.labels(namespace, name).set(new_status.ready_replicas)
     old_wire = memo.wire if memo is not None else old_status.to_wire()
     new_wire = new_status.to_wire()
-    version = await _write_status(ctx, body, old_wire, new_wire)
+    written, version = await _write_status(ctx, body, old_wire, new_wire)
     memory = ctx.fleets.get((namespace, name))  # (not created here: a deleted fleet's memory is gone for good)
     if memory is not None:
         memory.status_observed_at = time.monotonic()
         # Kept with the version the fleet has now: the write's, or with nothing written the one read. A write
         # whose answer named none leaves nothing to write on from: the next refresh reads the fleet. A version
         # that is not the latest (kopf's copy of the fleet can be older) only costs that refresh a 409 and a read.
-        current = version if version is not None else meta.get("resourceVersion")
+        current = version if written else meta.get("resourceVersion")
         memory.status_memo = (
             StatusMemo(
                 # What later refreshes take from the fleet: its spec, and for Events its apiVersion and kind.
@@ -128,9 +128,9 @@ async def _observe_and_write(
             if current
             else None
         )
-    if version is not None:
+    if written:
         await _events_for_flips(ctx, body, old_status, new_status)
-    return version is not None
+    return written
 
 
 async def refresh_status(ctx: OperatorContext, namespace: str, name: str, attempts: int = 3) -> bool:
@@ -215,12 +215,14 @@ async def _ensure_token(ctx: OperatorContext, owner: children.Owner) -> None:
         await ctx.kube.create(children.build_token_secret(owner, secrets.token_urlsafe(32)))
 
 
-async def _write_status(ctx: OperatorContext, body: Manifest, old_wire: Manifest, new_wire: Manifest) -> str | None:
-    """Patch the status subresource only with fields that changed; the fleet's resourceVersion after the
-    write, or None when nothing changed (or the answer named none)."""
+async def _write_status(
+    ctx: OperatorContext, body: Manifest, old_wire: Manifest, new_wire: Manifest
+) -> tuple[bool, str | None]:
+    """Patch the status subresource only with fields that changed: (written, the fleet's resourceVersion
+    after the write, None when nothing was written or the answer named none)."""
     changed = {k: v for k, v in new_wire.items() if old_wire.get(k) != v}
     if not changed:
-        return None
+        return False, None
     meta = body["metadata"]
     version = await ctx.kube.patch_status(
         common.API_VERSION,
@@ -230,7 +232,7 @@ async def _write_status(ctx: OperatorContext, body: Manifest, old_wire: Manifest
         changed,
         resource_version=meta.get("resourceVersion"),
     )
-    return version or ""
+    return True, version
 
 
 async def _events_for_flips(

@@ -25,7 +25,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from rolloutfleet.adapters.engine import EngineClient
@@ -124,13 +124,13 @@ class RolloutPass:
         pods: PodView,
         clients: dict[str, EngineClient],
         interrupted: Callable[[], bool],
-        announced: Awaitable[None] | None = None,
+        announced: asyncio.Future[None] | None = None,
     ) -> None:
         self.ctx, self.spec, self.fleet_body, self.memory, self.sel = ctx, spec, fleet_body, memory, sel
         self.pods, self.clients, self.interrupted = pods, clients, interrupted
         # The fleet's record of the target, written beside the pre-flight (``reconcile.revision``) and the
         # revision's RolloutStarted event: both waited for before the first step.
-        self.before_steps: list[Awaitable[None]] = [announced] if announced is not None else []
+        self.before_steps: list[asyncio.Future[None]] = [announced] if announced is not None else []
         self.order = pods.order
         self.rank = {pod: i for i, pod in enumerate(self.order)}  # a pod's place in ``order``
         self._undone_hint: str | None = None  # a pod of ``order`` last found not done (``_all_done``)
@@ -226,8 +226,7 @@ class RolloutPass:
         finally:
             # Only after an error are these still running: the pass's caller sees the error it raised.
             for waiting in self.before_steps:
-                if isinstance(waiting, asyncio.Future):
-                    waiting.cancel()
+                waiting.cancel()
             await asyncio.gather(*self.before_steps, return_exceptions=True)
             self.memory.working_on = None
             for task in self.inflight.values():  # only after an error: every normal exit drains first
