@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from rolloutfleet.adapters.http11 import HTTP11, Lost, NotSent, Origin, _Slots
+from rolloutfleet.adapters.http11 import HTTP11, Lost, NotSent, Origin, _Connection, _expire, _Slots
 from rolloutfleet.sandbox import certs
 
 pytestmark = pytest.mark.both_loops  # the operator runs this code on uvloop (handlers/event_loop.py)
@@ -350,6 +350,55 @@ async def test_a_waiter_cancelled_in_the_queue_does_not_leak_a_slot() -> None:
     finally:
         await http.close()
         await server.stop()
+
+
+async def test_a_call_waiting_for_a_slot_past_its_total_times_out_and_leaks_no_slot() -> None:
+    """``total`` bounds the wait for a connection slot too: a call queued behind an engine that does not
+    answer must not wait longer than its caller allowed, and its place in the queue must not stay taken."""
+    server = await serve(lambda head, body: b"" if b"/hang" in head else ok())
+    http = HTTP11(limit=1, limit_per_host=1)
+    try:
+        hanging = asyncio.create_task(http.request("GET", server.origin, "/hang", total=5, connect=2))
+        while not server.requests:
+            await asyncio.sleep(0.01)
+        with pytest.raises(TimeoutError):
+            await call(http, server, total=0.1)
+        hanging.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await hanging
+        assert (await call(http, server, total=2)).status == 200  # the slot of neither call was kept
+        assert http._hosts == {} and http._all.taken == 0 and not http._all.waiters
+    finally:
+        await http.close()
+        await server.stop()
+
+
+class _Transport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_an_answer_just_after_the_deadline_is_dropped_with_the_connection() -> None:
+    """The deadline's timer and the answer's bytes can land in the same turn of the loop, the timer first:
+    the answer must go nowhere (not into the timed-out call's future, which is done, and not to the next
+    call: the caller closes the connection) rather than raise inside the protocol."""
+    conn = _Connection()
+    transport = _Transport()
+    conn.connection_made(transport)
+    waiter = conn.send(b"GET / HTTP/1.1\r\n\r\n", head=False)
+    _expire(waiter)
+    conn.data_received(ok())  # raised InvalidStateError when the parser set the done future's result
+    with pytest.raises(TimeoutError):
+        await waiter
+    conn.close()
+    assert transport.closed and not conn.reusable
 
 
 async def test_garbage_answer_is_lost(http: HTTP11) -> None:
