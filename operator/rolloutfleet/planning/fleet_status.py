@@ -33,6 +33,71 @@ class EngineSummary:
 AVAILABLE, PROGRESSING, DEGRADED = "Available", "Progressing", "Degraded"
 
 
+@dataclasses.dataclass(slots=True, eq=False)
+class PodFacts:
+    """What the fleet status reads of one pod object (``PodFactsMemo``), and the entry last built from them."""
+
+    pod: Manifest  # the object these were read from
+    conditions: object  # its conditions list when read (``reconcile.gates.set_gate`` replaces it in place)
+    name: str
+    ordinal: tuple[int, str]
+    ip: str | None
+    phase: str
+    ready: bool
+    deleting: bool
+    template_hash: str | None
+    failing: str | None
+    incarnation: str
+    seen: EngineSummary | None = None  # the engine summary ``entry`` was built with
+    entry: PodState | None = None
+
+
+class PodFactsMemo:
+    """Each pod's facts, read again only from a pod object not read before.
+
+    Called by ``reconcile.fleet`` (one per fleet, in its ``FleetMemory``): a pass rewrites a 1,024-pod fleet's
+    status every two seconds while a few of its pods changed, and reading every pod's conditions, labels and
+    containers again for each write was most of the write (issue 18). The watch replaces a pod's object on every
+    change, and the one change made to a listed object in place (the gate the operator wrote replaces the pod's
+    conditions list) is told by the list's identity; a pod listed by a plain read is a new object, read anew.
+    """
+
+    def __init__(self) -> None:
+        self._facts: dict[str, PodFacts] = {}
+
+    def __len__(self) -> int:
+        return len(self._facts)
+
+    def facts(self, pod: Manifest) -> PodFacts:
+        """``pod``'s facts: the ones read from this very object (and conditions list) before, or read now."""
+        meta = pod["metadata"]
+        name = meta["name"]
+        status = pod.get("status") or {}
+        conds = status.get("conditions")
+        known = self._facts.get(name)
+        if known is not None and known.pod is pod and known.conditions is conds:
+            return known
+        known = self._facts[name] = PodFacts(
+            pod=pod,
+            conditions=conds,
+            name=name,
+            ordinal=_ordinal(name),
+            ip=status.get("podIP"),
+            phase=status.get("phase") or "Pending",
+            ready=_pod_ready(pod),
+            deleting=bool(meta.get("deletionTimestamp")),
+            template_hash=(meta.get("labels") or {}).get("controller-revision-hash"),
+            failing=_pod_failing(pod),
+            incarnation=pod_readiness.incarnation(pod),
+        )
+        return known
+
+    def keep_only(self, names: set[str]) -> None:
+        """Forget the pods not listed any more."""
+        for gone in self._facts.keys() - names:
+            del self._facts[gone]
+
+
 def _pod_ready(pod: Manifest) -> bool:
     # Ready as the Service sees it: with the weights gate, only pods serving the fleet's verified pair.
     return pod_readiness.routed(pod)
@@ -57,27 +122,37 @@ def observed(
     sts: Manifest | None,
     pods: list[Manifest],
     engines: dict[str, EngineSummary] | None = None,
+    memo: PodFactsMemo | None = None,
 ) -> RolloutFleetStatus:
-    """The status of a valid fleet; ``engines`` is the revision loop's latest view of each engine."""
+    """The status of a valid fleet; ``engines`` is the revision loop's latest view of each engine. ``memo``:
+    the pods' facts as read for this fleet's previous statuses (``PodFactsMemo``; without it, read anew)."""
     previous = {p.name: p for p in old.pods}
-    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    memo = memo if memo is not None else PodFactsMemo()
+    every = [memo.facts(p) for p in pods]
+    memo.keep_only({f.name for f in every})
+    live = [f for f in every if not f.deleting]
+    live.sort(key=lambda f: f.ordinal)
     sts_status = (sts or {}).get("status") or {}
     update_revision = sts_status.get("updateRevision")
     engines = engines or {}
     entries = []
     # One entry per pod, built once: this runs for every fleet status write, at 1,024 pods every two seconds
     # during a pass and at each resync (a second model per pod for what it carried over was a third of it).
-    for pod in sorted(live, key=lambda p: _ordinal(p["metadata"]["name"])):
-        name = pod["metadata"]["name"]
-        status = pod.get("status") or {}
-        seen = engines.get(name)
-        before = previous.get(name)
+    for facts in live:
+        seen = engines.get(facts.name)
+        before = previous.get(facts.name)
+        # The same pod object, the same engine summary, and (without one) the same previous entry: the entry
+        # built from them last time (most pods between two writes of a pass).
+        last = facts.entry
+        if last is not None and facts.seen == seen and (seen is not None or before is last):
+            entries.append(last)
+            continue
         carried = seen if seen is not None else before
         values = {
-            "name": name,
-            "ip": status.get("podIP"),
-            "phase": status.get("phase") or "Pending",
-            "ready": _pod_ready(pod),
+            "name": facts.name,
+            "ip": facts.ip,
+            "phase": facts.phase,
+            "ready": facts.ready,
             "revision": carried.revision if carried else None,
             "draft_revision": carried.draft_revision if carried else None,
             "step": carried.step if carried else None,
@@ -87,14 +162,12 @@ def observed(
         # status every 1-2 s while a quarter of a Rolling fleet moves); building it again was half of a write.
         # A model's ``__dict__`` is its fields by name: a field added to PodState and not set here makes every
         # comparison unequal, so the shortcut can only rebuild too often, never keep a stale entry.
-        entries.append(before if before is not None and before.__dict__ == values else PodState(**values))
+        entry = before if before is not None and before.__dict__ == values else PodState(**values)
+        facts.seen, facts.entry = seen, entry
+        entries.append(entry)
     ready = sum(1 for e in entries if e.ready)
-    updated = sum(
-        1
-        for p in live
-        if update_revision and (p["metadata"].get("labels") or {}).get("controller-revision-hash") == update_revision
-    )
-    failing = [msg for msg in (_pod_failing(p) for p in live) if msg]
+    updated = sum(1 for f in live if update_revision and f.template_hash == update_revision)
+    failing = [f.failing for f in live if f.failing]
     conds = list(old.conditions)
     if spec.replicas == 0:
         conds = conditions.set_condition(

@@ -14,6 +14,7 @@ from rolloutfleet.adapters.kube import Kube
 from rolloutfleet.api.engine import EngineState
 from rolloutfleet.api.fleet import RolloutFleetSpec, RolloutFleetStatus
 from rolloutfleet.metrics import Metrics
+from rolloutfleet.planning.fleet_status import PodFactsMemo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +70,7 @@ class FleetMemory:
     # resync right after a pass's refresh has nothing to add to it.
     status_observed_at: float = float("-inf")
     status_memo: StatusMemo | None = None
+    status_facts: PodFactsMemo = dataclasses.field(default_factory=PodFactsMemo)  # each pod read once per change
     probe_passed: dict[str, bool] = dataclasses.field(default_factory=dict)
     preflight_passed: dict[str, bool] = dataclasses.field(default_factory=dict)
     revision_labels: set[str] = dataclasses.field(default_factory=set)  # pods_at_revision label values set

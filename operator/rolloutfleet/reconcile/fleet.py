@@ -17,8 +17,8 @@ from typing import Any
 from rolloutfleet.adapters.kube import KubeError
 from rolloutfleet.api import common, validation
 from rolloutfleet.api.fleet import RolloutFleetSpec, RolloutFleetStatus
-from rolloutfleet.planning import fleet_status, pod_readiness
-from rolloutfleet.reconcile.context import OperatorContext, StatusMemo
+from rolloutfleet.planning import fleet_status
+from rolloutfleet.reconcile.context import FleetMemory, OperatorContext, StatusMemo
 from rolloutfleet.resources import children, labels
 
 Manifest = dict[str, Any]
@@ -98,8 +98,10 @@ async def _observe_and_write(
     sts = await ctx.kube.get("apps/v1", "StatefulSet", namespace, labels.statefulset_name(name))
     pods = await ctx.kube.list("v1", "Pod", namespace, labels.selector_string(name))
     generation = int(meta.get("generation") or 0)
+    memory = ctx.fleets.get((namespace, name))
+    facts = memory.status_facts if memory is not None else fleet_status.PodFactsMemo()
     new_status = fleet_status.observed(
-        old_status, spec, name, generation, sts, pods, _engines(ctx, namespace, name, pods)
+        old_status, spec, name, generation, sts, pods, _engines(memory, facts, pods), facts
     )
     ctx.metrics.replicas_ready.labels(namespace, name).set(new_status.ready_replicas)
     old_wire = memo.wire if memo is not None else old_status.to_wire()
@@ -168,15 +170,14 @@ async def refresh_status(ctx: OperatorContext, namespace: str, name: str, attemp
 
 
 def _engines(
-    ctx: OperatorContext, namespace: str, name: str, pods: list[Manifest]
+    memory: FleetMemory | None, facts: fleet_status.PodFactsMemo, pods: list[Manifest]
 ) -> dict[str, fleet_status.EngineSummary]:
-    memory = ctx.fleets.get((namespace, name))
     if memory is None:
         return {}
     summaries: dict[str, fleet_status.EngineSummary] = {}
     for pod in pods:
         name = pod["metadata"]["name"]
-        if memory.replaced(name, pod_readiness.incarnation(pod)):
+        if memory.replaced(name, facts.facts(pod).incarnation):
             # A pod recreated under the same name, or whose container restarted, is a new engine process on
             # the initial checkpoint: what its predecessor served (in memory and in the status) says nothing
             # of it until it is read.

@@ -132,6 +132,7 @@ class RolloutPass:
         # revision's RolloutStarted event: both waited for before the first step.
         self.before_steps: list[asyncio.Future[None]] = [announced] if announced is not None else []
         self.order = pods.order
+        self.incarnations: dict[str, str] | None = None  # each pod's, as listed for this pass (``_remember_states``)
         self.rank = {pod: i for i, pod in enumerate(self.order)}  # a pod's place in ``order``
         self._undone_hint: str | None = None  # a pod of ``order`` last found not done (``_all_done``)
         assert sel.goal is not None
@@ -718,7 +719,9 @@ class RolloutPass:
         """Hand the engine observations and the pods' steps to the fleet status (``reconcile.fleet``), with the
         pods they came from: before each of the pass's fleet-status writes and at its end, so a fleet-status
         write in between (the fleet's own handler) shows what the last one showed, never older."""
-        incarnations = {p: pod_readiness.incarnation(b) for p, b in self.pods.bodies.items()}
+        if self.incarnations is None:  # read once: the pass's pods are the ones listed when it began
+            self.incarnations = {p: pod_readiness.incarnation(b) for p, b in self.pods.bodies.items()}
+        incarnations = self.incarnations
         states = {p: self.states[p] for p in self.order if p in self.states}
         for pod, (goal, state, steps) in self.chains.items():
             states[pod] = transaction.as_step_starts(goal, state, steps)
