@@ -19,10 +19,11 @@ from rolloutfleet.reconcile.waits import event_set
 pytestmark = pytest.mark.unit
 
 
+@pytest.mark.parametrize("within", [5, None])
 @pytest.mark.parametrize("turns", [0, 1, 2, 3])
-async def test_a_cancel_right_after_the_event_is_never_lost(turns: int) -> None:
+async def test_a_cancel_right_after_the_event_is_never_lost(turns: int, within: float | None) -> None:
     event = asyncio.Event()
-    waiter = asyncio.create_task(event_set(event, 5))
+    waiter = asyncio.create_task(event_set(event, within))
     await asyncio.sleep(0)  # the waiter is waiting
     event.set()
     for _ in range(turns):
@@ -49,3 +50,12 @@ async def test_no_limit() -> None:
     event = asyncio.Event()
     event.set()
     assert await event_set(event, None) is True
+    later = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.01, later.set)
+    assert await event_set(later, None) is True
+
+
+async def test_already_set_with_a_limit() -> None:
+    event = asyncio.Event()
+    event.set()
+    assert await event_set(event, 0) is True  # set before the wait: no timer to run out
