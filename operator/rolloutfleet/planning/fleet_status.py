@@ -144,7 +144,7 @@ def observed(
         # The same pod object, the same engine summary, and (without one) the same previous entry: the entry
         # built from them last time (most pods between two writes of a pass).
         last = facts.entry
-        if last is not None and facts.seen == seen and (seen is not None or before is last):
+        if last is not None and (facts.seen is seen or facts.seen == seen) and (seen is not None or before is last):
             entries.append(last)
             continue
         carried = seen if seen is not None else before

@@ -14,7 +14,7 @@ from rolloutfleet.adapters.kube import Kube
 from rolloutfleet.api.engine import EngineState
 from rolloutfleet.api.fleet import RolloutFleetSpec, RolloutFleetStatus
 from rolloutfleet.metrics import Metrics
-from rolloutfleet.planning.fleet_status import PodFactsMemo
+from rolloutfleet.planning.fleet_status import EngineSummary, PodFactsMemo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +71,8 @@ class FleetMemory:
     status_observed_at: float = float("-inf")
     status_memo: StatusMemo | None = None
     status_facts: PodFactsMemo = dataclasses.field(default_factory=PodFactsMemo)  # each pod read once per change
+    # Each pod's engine summary for the status, with the observation and step it was made from (``reconcile.fleet``).
+    summaries: dict[str, tuple[EngineState, str | None, EngineSummary]] = dataclasses.field(default_factory=dict)
     probe_passed: dict[str, bool] = dataclasses.field(default_factory=dict)
     preflight_passed: dict[str, bool] = dataclasses.field(default_factory=dict)
     revision_labels: set[str] = dataclasses.field(default_factory=set)  # pods_at_revision label values set

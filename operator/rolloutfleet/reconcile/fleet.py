@@ -175,30 +175,44 @@ def _engines(
     if memory is None:
         return {}
     summaries: dict[str, fleet_status.EngineSummary] = {}
+    # Each summary is kept with the observation and step it was made from (observations are immutable, replaced
+    # on change): at 1,024 pods, making every pod's again at each of a pass's status writes was as much as
+    # building the whole status (issue 18).
+    made, kept = memory.summaries, {}
     for pod in pods:
         name = pod["metadata"]["name"]
         if memory.replaced(name, facts.facts(pod).incarnation):
             # A pod recreated under the same name, or whose container restarted, is a new engine process on
             # the initial checkpoint: what its predecessor served (in memory and in the status) says nothing
             # of it until it is read.
-            summaries[name] = fleet_status.EngineSummary(None, None, None, None)
+            summaries[name] = _NOTHING_KNOWN
             continue
         state, step = memory.engine_view.get(name), memory.steps.get(name)
         if state is None:
             continue
-        # An engine that does not answer holds nothing the status may claim: its revisions read unknown (a
-        # crashed engine comes back on the initial checkpoint), its step says why.
-        summaries[name] = (
-            fleet_status.EngineSummary(
-                revision=state.verifier.revision,
-                draft_revision=state.draft.revision if state.draft is not None else None,
-                step=step,
-                weight_version=state.weight_version,
+        last = made.get(name)
+        if last is not None and last[0] is state and last[1] == step:
+            summary = last[2]
+        else:
+            # An engine that does not answer holds nothing the status may claim: its revisions read unknown (a
+            # crashed engine comes back on the initial checkpoint), its step says why.
+            summary = (
+                fleet_status.EngineSummary(
+                    revision=state.verifier.revision,
+                    draft_revision=state.draft.revision if state.draft is not None else None,
+                    step=step,
+                    weight_version=state.weight_version,
+                )
+                if state.reachable
+                else fleet_status.EngineSummary(None, None, step or "Unreachable", None)
             )
-            if state.reachable
-            else fleet_status.EngineSummary(None, None, step or "Unreachable", None)
-        )
+        kept[name] = (state, step, summary)
+        summaries[name] = summary
+    memory.summaries = kept
     return summaries
+
+
+_NOTHING_KNOWN = fleet_status.EngineSummary(None, None, None, None)
 
 
 def _parse_status(raw: object) -> RolloutFleetStatus:

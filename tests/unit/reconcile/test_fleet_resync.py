@@ -6,6 +6,7 @@ Same harness as ``test_reconcile_rollout``: ``FakeKube``, one simulated engine p
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import pytest
@@ -13,6 +14,7 @@ from kube_fakes import FakeCall
 from reconcile_fakes import harness
 
 from rolloutfleet.api import common
+from rolloutfleet.api.engine import EngineState
 from rolloutfleet.reconcile import fleet as fleet_reconcile
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -96,3 +98,43 @@ async def test_a_condition_flipped_by_a_refresh_from_its_own_write_is_an_event_o
         assert [(e["apiVersion"], e["kind"], e["type"]) for e in degraded] == [
             (common.API_VERSION, "RolloutFleet", "Warning")
         ]
+
+
+async def test_each_refresh_shows_what_the_revision_loop_last_saw_of_each_engine(tmp_path: pathlib.Path) -> None:
+    """A refresh keeps each pod's engine summary with the observation and step it was made from, instead of
+    making all of them again at every write (as costly as the rest of the status at 1,024 pods, issue 18). A
+    new observation, a new step, an engine that stopped answering and a pod replaced under its name must each
+    show in the next refresh: a summary kept past any of them would show what the pod no longer serves."""
+    async with harness(tmp_path, replicas=3) as h:
+        h.apply_revision("rev-1", 1)
+        await h.settle()
+        await fleet_reconcile.refresh_status(h.ctx, h.namespace, h.fleet)
+        pod = h.pods[0]
+
+        def entry() -> dict[str, object]:
+            return {p["name"]: p for p in h.fleet_status()["pods"]}[pod]
+
+        def see(state: EngineState) -> None:
+            h.memory.remember({**h.memory.engine_view, pod: state}, dict(h.memory.engine_view_incarnations))
+
+        before = h.memory.engine_view[pod]
+        assert entry()["revision"] == before.verifier.revision is not None
+        see(dataclasses.replace(before, weight_version="seen-again"))
+        await fleet_reconcile.refresh_status(h.ctx, h.namespace, h.fleet)
+        assert entry()["weightVersion"] == "seen-again"
+
+        h.memory.steps = {**h.memory.steps, pod: "LoadVerifier"}
+        await fleet_reconcile.refresh_status(h.ctx, h.namespace, h.fleet)
+        assert entry()["step"] == "LoadVerifier"
+
+        see(EngineState(reachable=False))
+        await fleet_reconcile.refresh_status(h.ctx, h.namespace, h.fleet)
+        assert (entry().get("revision"), entry()["step"]) == (None, "LoadVerifier")
+
+        see(before)
+        h.memory.steps = {**h.memory.steps, pod: "Done"}
+        await fleet_reconcile.refresh_status(h.ctx, h.namespace, h.fleet)
+        assert (entry()["revision"], entry()["step"]) == (before.verifier.revision, "Done")
+        h.memory.engine_view_incarnations[pod] = "another-uid/0"  # read through a pod since recreated
+        await fleet_reconcile.refresh_status(h.ctx, h.namespace, h.fleet)
+        assert (entry().get("revision"), entry().get("step")) == (None, None)
