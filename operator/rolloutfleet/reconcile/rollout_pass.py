@@ -133,6 +133,7 @@ class RolloutPass:
         self.before_steps: list[asyncio.Future[None]] = [announced] if announced is not None else []
         self.order = pods.order
         self.incarnations: dict[str, str] | None = None  # each pod's, as listed for this pass (``_remember_states``)
+        self.timings_memo: revision_status.TimingsMemo = {}  # the progress's step timings (``revision_status.timings``)
         self.rank = {pod: i for i, pod in enumerate(self.order)}  # a pod's place in ``order``
         self._undone_hint: str | None = None  # a pod of ``order`` last found not done (``_all_done``)
         assert sel.goal is not None
@@ -1122,6 +1123,7 @@ class RolloutPass:
             generation=writes.generation(self.rev.body),
             staging=self.staging if self.goal.stages else None,
             staging_status=staging.status(self.goal, self.staging, self.states),
+            timings_memo=self.timings_memo,
         )
         if self.probe_result is not None:
             new = new.model_copy(update={"parity_probe": self.probe_result})
