@@ -31,6 +31,10 @@ class Revision:
     parse_errors: tuple[validation.FieldError, ...] = ()
     body: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
     deleted: bool = False  # its object went away while a pass worked on it (a 404 on a status write)
+    # ``status`` as last written, in wire form, and the status object it is of (``reconcile.status_writes``):
+    # each progress write compares against it instead of serialising the stored status again.
+    written_wire: dict[str, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
+    written_of: WeightRevisionStatus | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def number(self) -> int:

@@ -36,7 +36,10 @@ def wrev_ref(body: Manifest) -> Manifest:
 async def write_revision(ctx: OperatorContext, rev: revisions.Revision, new: WeightRevisionStatus) -> bool:
     """Patch the fields of ``rev``'s status that differ from what is stored; False when nothing changed or
     the object is gone (deleted by a user or pruned by GitOps while the pass ran)."""
-    old_wire, new_wire = rev.status.to_wire(), new.to_wire()
+    # What this pass wrote last is what is stored (unless the status was replaced since: read back, reset).
+    kept = rev.written_wire if rev.written_of is rev.status else None
+    old_wire = kept if kept is not None else rev.status.to_wire()
+    new_wire = new.to_wire()
     changed = {k: v for k, v in new_wire.items() if old_wire.get(k) != v}
     if not changed or rev.deleted:
         return False
@@ -50,6 +53,7 @@ async def write_revision(ctx: OperatorContext, rev: revisions.Revision, new: Wei
         rev.deleted = True
         return False
     rev.status = new  # later writes of this pass compare against what is stored now
+    rev.written_wire, rev.written_of = new_wire, new
     return True
 
 
