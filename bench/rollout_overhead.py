@@ -487,19 +487,22 @@ def _metrics(port: int) -> list[tuple[str, dict[str, str], float]]:
 
 
 def _request_counts(port: int) -> dict[str, dict[str, float]]:
-    """The operator's engine requests by route, its Kubernetes API requests by verb and its cycle collector's
-    seconds by generation, so far."""
+    """The operator's engine requests by route, its Kubernetes API requests by verb, its cycle collector's
+    seconds by generation and the connections it opened to engines, so far."""
     engine: dict[str, float] = collections.defaultdict(float)
     kube: dict[str, float] = collections.defaultdict(float)
     gc_seconds: dict[str, float] = {}
+    connections = 0.0
     for name, labels, value in _metrics(port):
-        if name == "rolloutfleet_engine_request_duration_seconds_count":
+        if name == "rolloutfleet_engine_connections_opened_total":
+            connections = value
+        elif name == "rolloutfleet_engine_request_duration_seconds_count":
             engine[labels.get("route", "?")] += value
         elif name == "rolloutfleet_kube_api_requests_total":
             kube[labels.get("verb", "?")] += value
         elif name == "rolloutfleet_gc_seconds_total":
             gc_seconds[labels.get("generation", "?")] = value
-    return {"engine": dict(engine), "kube": dict(kube), "gc": gc_seconds}
+    return {"engine": dict(engine), "kube": dict(kube), "gc": gc_seconds, "connections": {"engine": connections}}
 
 
 def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
@@ -549,9 +552,12 @@ def create_weights_volume(core: Any, namespace: str, host_path: str) -> None:
     )
 
 
-def fleet_spec(n: int) -> dict[str, Any]:
-    """The bench's RolloutFleet spec for ``n`` pods (its StatefulSet's pods are what every bench here writes to)."""
+def fleet_spec(n: int, keep_alive: int | None = None) -> dict[str, Any]:
+    """The bench's RolloutFleet spec for ``n`` pods (its StatefulSet's pods are what every bench here writes to);
+    ``keep_alive``: the engines' VLLM_HTTP_TIMEOUT_KEEP_ALIVE in its env (vLLM's 5 s without)."""
+    env = [] if keep_alive is None else [{"name": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "value": str(keep_alive)}]
     return {
+        "env": env,
         "replicas": n,
         "image": "vllm-rolloutfleet:0.33.0",  # has the weight-version routes: update_weight_version is a step
         "verifier": {"path": "/synthetic/policy/step-0/verifier"},
@@ -822,10 +828,14 @@ def start_fleet(n: int, args: argparse.Namespace, tmp: pathlib.Path, stack: cont
             ],
             stdout=subprocess.DEVNULL,
             stderr=follower_log,
+            # The simulated engines keep idle connections as vLLM does, for VLLM_HTTP_TIMEOUT_KEEP_ALIVE seconds.
+            env=dict(os.environ)
+            if args.engine_keep_alive is None
+            else dict(os.environ, VLLM_HTTP_TIMEOUT_KEEP_ALIVE=str(args.engine_keep_alive)),
         )
         stack.callback(_stop, follower)
         followers.append(follower)
-    spec = fleet_spec(n)
+    spec = fleet_spec(n, args.engine_keep_alive)
     client.CustomObjectsApi(api).create_namespaced_custom_object(
         GROUP,
         VERSION,
@@ -982,6 +992,9 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         "engine_requests": round(sum(engine_req.values())),
         "engine_requests_per_pod": round(sum(engine_req.values()) / n, 2),
         "engine_requests_by_route": engine_req,
+        # New TCP connections to engines (the rest of the requests reused one kept alive).
+        "engine_connections_per_pod": round(_delta(req1["connections"], req0["connections"]).get("engine", 0.0) / n, 3),
+        "engine_keep_alive_s": args.engine_keep_alive,
         "kube_requests": round(sum(kube_req.values())),
         "kube_requests_per_pod": round(sum(kube_req.values()) / n, 3),
         "kube_requests_by_verb": kube_req,
@@ -1340,6 +1353,12 @@ def main() -> int:
     )
     parser.add_argument(
         "--rest-seconds", type=float, default=0, help="then the fleet at rest this long: what the operator spends"
+    )
+    parser.add_argument(
+        "--engine-keep-alive",
+        type=int,
+        default=None,
+        help="the fleet's VLLM_HTTP_TIMEOUT_KEEP_ALIVE (its spec.env, and the simulated engines'); vLLM's 5 s without",
     )
     parser.add_argument("--subnet-offset", type=int, default=0, help="first fake node's 127.1.<offset>.0/24")
     parser.add_argument("--out", default="bench/results/rollout_overhead.md")

@@ -101,6 +101,11 @@ class Metrics:
             buckets=STEP_BUCKETS,
             registry=r,
         )
+        self.engine_connections = prom.Counter(
+            "rolloutfleet_engine_connections_opened_total",
+            "TCP connections the operator opened to engines (each request reuses one kept alive when it can).",
+            registry=r,
+        )
 
         self.kube_requests = prom.Counter(
             "rolloutfleet_kube_api_requests_total",

@@ -1054,10 +1054,14 @@ class EnginePool:
         retry: RetryPolicy | None = None,
         reset: ResetPolicy | None = None,
         on_latency: LatencyHook | None = None,
+        idle_s: float = http11.IDLE_S,
+        on_connect: Callable[[], None] | None = None,
     ) -> None:
         self.credentials = Credentials(token)
         self._limit = limit
         self._limit_per_host = limit_per_host
+        self._idle_s = idle_s
+        self._on_connect = on_connect
         self.timeouts = timeouts or EngineTimeouts()
         self.retry = retry or RetryPolicy()
         self.reset = reset or ResetPolicy()
@@ -1083,7 +1087,21 @@ class EnginePool:
     async def start(self) -> None:
         if self._http is None:
             # No proxies: engines are dialled directly on their pod IPs.
-            self._http = http11.HTTP11(limit=self._limit, limit_per_host=self._limit_per_host)
+            self._http = http11.HTTP11(
+                limit=self._limit, limit_per_host=self._limit_per_host, idle_s=self._idle_s, on_connect=self._on_connect
+            )
+
+    @property
+    def idle_s(self) -> float:
+        """How long a connection to an engine may stay idle and still be used again: below the engines' own
+        keep-alive (``http11.IDLE_S`` for vLLM's default of 5 s)."""
+        return self._idle_s
+
+    @idle_s.setter
+    def idle_s(self, seconds: float) -> None:
+        self._idle_s = seconds
+        if self._http is not None:
+            self._http.idle_s = seconds
 
     async def close(self) -> None:
         if self._http is not None:

@@ -35,6 +35,7 @@ import dataclasses
 import ssl
 import time
 import urllib.parse
+from collections.abc import Callable
 from typing import Final, cast
 
 USER_AGENT: Final = b"rolloutfleet-operator"
@@ -292,12 +293,20 @@ class _Slots:
 class HTTP11:
     """Connections to many servers (module docstring). ``close()`` drops them all."""
 
-    def __init__(self, *, limit: int = 512, limit_per_host: int = 4, idle_s: float = IDLE_S) -> None:
+    def __init__(
+        self,
+        *,
+        limit: int = 512,
+        limit_per_host: int = 4,
+        idle_s: float = IDLE_S,
+        on_connect: Callable[[], None] | None = None,
+    ) -> None:
         if limit < 1 or limit_per_host < 1:
             raise ValueError("limit and limit_per_host must be at least 1")
         self._limit = limit
         self._limit_per_host = limit_per_host
-        self._idle_s = idle_s
+        self.idle_s = idle_s  # may change while in use (``EnginePool.idle_s``): read at each reuse and sweep
+        self._on_connect = on_connect  # called for each connection made (the metrics' count of them)
         self._all = _Slots()
         self._hosts: dict[tuple[str, int], _Slots] = {}
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
@@ -401,7 +410,7 @@ class HTTP11:
         now = time.monotonic()
         while idle:
             conn = idle.pop()
-            if conn.reusable and now - conn.idle_since < self._idle_s:
+            if conn.reusable and now - conn.idle_since < self.idle_s:
                 return conn
             conn.close()
         return None
@@ -424,6 +433,8 @@ class HTTP11:
             raise NotSent(f"no connection to {origin.host}:{origin.port} within {connect:g}s") from exc
         except OSError as exc:
             raise NotSent(f"cannot connect to {origin.host}:{origin.port}: {exc}") from exc
+        if self._on_connect is not None:
+            self._on_connect()
         return protocol
 
     def _release_connection(self, key: tuple[str, int], conn: _Connection) -> None:
@@ -438,11 +449,11 @@ class HTTP11:
 
     def _sweep(self, now: float) -> None:
         """Close connections idle too long; at most once per ``idle_s`` of calls (not per call)."""
-        if now - self._swept < self._idle_s:
+        if now - self._swept < self.idle_s:
             return
         self._swept = now
         for key in list(self._idle):
-            kept = [c for c in self._idle[key] if c.reusable and now - c.idle_since < self._idle_s]
+            kept = [c for c in self._idle[key] if c.reusable and now - c.idle_since < self.idle_s]
             for conn in self._idle[key]:
                 if conn not in kept:
                     conn.close()

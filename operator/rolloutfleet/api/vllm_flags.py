@@ -70,6 +70,23 @@ SHORT_ALIASES: dict[str, str] = {
     "-q": "--quantization",
 }
 
+# vLLM's HTTP server closes a connection idle for this many seconds (its uvicorn's timeout_keep_alive; default
+# 5). A fleet may raise it through spec.env: the operator then keeps its connections to the engines that much
+# longer (``http_keep_alive_seconds``), instead of opening one again after each wait of more than 4 s.
+ENV_HTTP_KEEP_ALIVE = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
+HTTP_KEEP_ALIVE_DEFAULT = 5
+HTTP_KEEP_ALIVE_MAX = 3600
+
+
+def http_keep_alive_seconds(env: dict[str, str]) -> int:
+    """The engines' keep-alive in seconds from the engine container's extra env (vLLM's default without it,
+    or with a value validation refuses)."""
+    raw = env.get(ENV_HTTP_KEEP_ALIVE)
+    if raw is None or not raw.isdigit() or not 1 <= int(raw) <= HTTP_KEEP_ALIVE_MAX:
+        return HTTP_KEEP_ALIVE_DEFAULT
+    return int(raw)
+
+
 # Environment the operator sets itself or that opens the engine up; refused in spec.env.
 OPERATOR_ENV_PREFIX = "ROLLOUTFLEET_"
 # The worker's loader knobs (worker_image/README.md): users tune them through spec.env (docs/install.md),

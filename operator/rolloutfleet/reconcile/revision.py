@@ -22,7 +22,7 @@ from typing import Any
 
 from rolloutfleet.adapters.engine import EngineClient, EnginePool
 from rolloutfleet.adapters.kube import KubeError
-from rolloutfleet.api import common, validation
+from rolloutfleet.api import common, validation, vllm_flags
 from rolloutfleet.api.engine import EngineState
 from rolloutfleet.api.fleet import RolloutFleetSpec
 from rolloutfleet.api.revision import Phase, WeightRevisionStatus
@@ -74,11 +74,22 @@ async def _token(ctx: OperatorContext, namespace: str, fleet: str) -> str | None
     return base64.b64decode(raw).decode() if raw else None
 
 
-async def _pool(ctx: OperatorContext, memory: FleetMemory, token: str) -> EnginePool:
+def engine_idle_seconds(spec: RolloutFleetSpec) -> float:
+    """How long the operator may leave a connection to one of the fleet's engines idle and use it again: a
+    second under the engines' keep-alive (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` in spec.env, vLLM's 5 s without
+    it), so that a call never meets the engine's close in flight. Raising it keeps the connections through a
+    Rolling fleet's waits and an AllAtOnce fleet's barrier (docs/install.md, "Engine connections")."""
+    keep_alive = vllm_flags.http_keep_alive_seconds({e.name: e.value for e in spec.env})
+    return keep_alive - 1.0 if keep_alive >= 2 else keep_alive / 2
+
+
+async def _pool(ctx: OperatorContext, memory: FleetMemory, token: str, spec: RolloutFleetSpec) -> EnginePool:
+    idle = engine_idle_seconds(spec)
     if memory.pool is not None:
         # One pool for the fleet's life: it remembers loads of unknown outcome per engine, and a rotated
         # token keeps the previous one as a fallback while kubelets refresh the engines' copies.
         memory.pool.credentials.rotate(token)
+        memory.pool.idle_s = idle  # (follows the fleet's env: a new keep-alive restarts its pods with it)
         return memory.pool
     metrics = ctx.metrics
 
@@ -87,7 +98,13 @@ async def _pool(ctx: OperatorContext, memory: FleetMemory, token: str) -> Engine
 
     # Room for every pod's concurrent reads on kept-alive connections: with fewer, a 1,024-pod fleet
     # churned connections (bench/results/rollout_overhead.md).
-    memory.pool = EnginePool(token=token, limit=ENGINE_CONNECTIONS, on_latency=on_latency)
+    memory.pool = EnginePool(
+        token=token,
+        limit=ENGINE_CONNECTIONS,
+        on_latency=on_latency,
+        idle_s=idle,
+        on_connect=metrics.engine_connections.inc,
+    )
     await memory.pool.start()
     return memory.pool
 
@@ -199,7 +216,7 @@ async def _pass(
     token = await _token(ctx, namespace, fleet_name)
     if token is None:
         return PassOutcome()  # the fleet reconcile has not made the Secret yet
-    pool = await _pool(ctx, memory, token)
+    pool = await _pool(ctx, memory, token, spec)
     view = _pod_view(await ctx.kube.list("v1", "Pod", namespace, labels.selector_string(fleet_name)))
     # A fleet at rest on what it serves (a revision, or its initial weights), whose pods show nothing new since
     # every engine was read serving it: nothing to read, nothing to write (the fleet's own reconcile keeps the

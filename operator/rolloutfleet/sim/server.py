@@ -48,6 +48,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -55,6 +56,7 @@ from typing import Any
 
 from aiohttp import web
 
+from rolloutfleet.api import vllm_flags
 from rolloutfleet.sim import sequence, transfer_http
 from rolloutfleet.sim.config import (
     STAGED_LOAD_KEY,
@@ -85,7 +87,12 @@ OPEN_EXACT = frozenset(
 TARGETED_RPCS = ("rolloutfleet_load", "rolloutfleet_preflight", "rolloutfleet_push_begin")  # fault key: METHOD:target
 MAX_ADMIT_BODY_BYTES = 4096  # rolloutfleet_worker.admission.MAX_BODY_BYTES
 OPEN_PREFIXES = ("/v1/", "/metrics/")
-VLLM_KEEP_ALIVE_S = 5.0  # vllm.envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE default: uvicorn's timeout_keep_alive in vLLM's server
+
+
+def keep_alive_seconds() -> float:
+    """How long vLLM's server keeps an idle connection: ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` from the environment
+    (uvicorn's timeout_keep_alive in vLLM's server), 5 s without it."""
+    return float(vllm_flags.http_keep_alive_seconds(dict(os.environ)))
 
 
 def is_open(path: str) -> bool:
@@ -182,7 +189,7 @@ class SimulatedEngine:
             access_log=None,
             shutdown_timeout=0.05,
             handler_cancellation=True,
-            keepalive_timeout=VLLM_KEEP_ALIVE_S,
+            keepalive_timeout=keep_alive_seconds(),
         )
         await runner.setup()
         site = web.TCPSite(runner, self.ip, self.port, reuse_address=True, backlog=512)

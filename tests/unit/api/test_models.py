@@ -508,3 +508,18 @@ def test_weight_transfer_flag_and_insecure_serialization_env_are_the_operators()
     assert any("spec.extraArgs" in e for e in errors), errors
     errors = fleet_errors(patched(BASE_FLEET, "env", [{"name": "VLLM_ALLOW_INSECURE_SERIALIZATION", "value": "1"}]))
     assert any("VLLM_ALLOW_INSECURE_SERIALIZATION" in e for e in errors), errors
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "5s", "1.5", "", "3601"])
+def test_engine_keep_alive_must_be_whole_seconds(value: str) -> None:
+    # vLLM reads VLLM_HTTP_TIMEOUT_KEEP_ALIVE with int() at start: anything else would crash every engine of the
+    # fleet; the operator also derives how long it keeps its connections to the engines from it.
+    env = [{"name": "HF_HOME", "value": "/x"}, {"name": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "value": value}]
+    errors = fleet_errors(patched(BASE_FLEET, "env", env))
+    assert any(e.startswith("spec.env[1].value: VLLM_HTTP_TIMEOUT_KEEP_ALIVE must be whole seconds") for e in errors)
+
+
+def test_engine_keep_alive_in_range_passes() -> None:
+    for value in ("1", "60", "3600"):
+        env = [{"name": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "value": value}]
+        assert fleet_errors(patched(BASE_FLEET, "env", env)) == [], value
