@@ -333,8 +333,23 @@ ENV_NAME_RULES: list[pydantic.JsonValue] = [
 ]
 
 
+# vLLM reads its keep-alive with int() at start, and the operator keeps its engine connections by it
+# (``vllm_flags.valid_keep_alive`` is the same check).
+ENV_VALUE_RULES: list[pydantic.JsonValue] = [
+    {
+        "rule": f"self.name != '{vllm_flags.ENV_HTTP_KEEP_ALIVE}' || (has(self.value) && "
+        f"self.value.matches('^[0-9]{{1,4}}$') && int(self.value) >= 1 && "
+        f"int(self.value) <= {vllm_flags.HTTP_KEEP_ALIVE_MAX})",
+        "message": f"{vllm_flags.ENV_HTTP_KEEP_ALIVE} must be whole seconds from 1 to {vllm_flags.HTTP_KEEP_ALIVE_MAX}",
+        "fieldPath": ".value",
+    }
+]
+
+
 class EnvVar(WireModel):
     """A plain environment variable for the engine container."""
+
+    model_config = ConfigDict(**WireModel.model_config, json_schema_extra={"x-kubernetes-validations": ENV_VALUE_RULES})
 
     name: str = Field(
         min_length=1,

@@ -252,9 +252,7 @@ def validate_env(spec: RolloutFleetSpec) -> list[FieldError]:
             )
         elif spec.parity.enabled and name == vllm_flags.ENV_BATCH_INVARIANT:
             errors.append(FieldError(field, f"{name} is set by the operator from spec.parity.batchInvariant"))
-        elif name == vllm_flags.ENV_HTTP_KEEP_ALIVE and not (
-            env.value.isdigit() and 1 <= int(env.value) <= vllm_flags.HTTP_KEEP_ALIVE_MAX
-        ):
+        elif name == vllm_flags.ENV_HTTP_KEEP_ALIVE and not vllm_flags.valid_keep_alive(env.value):
             # vLLM reads it with int() at start: anything else would crash every engine of the fleet.
             errors.append(
                 FieldError(

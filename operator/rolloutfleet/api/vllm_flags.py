@@ -8,6 +8,7 @@ change them here, nowhere else. Names follow vLLM 0.33 (``vllm serve --help``).
 from __future__ import annotations
 
 import dataclasses
+import re
 
 PORT = "--port"
 SERVED_MODEL_NAME = "--served-model-name"
@@ -78,13 +79,16 @@ HTTP_KEEP_ALIVE_DEFAULT = 5
 HTTP_KEEP_ALIVE_MAX = 3600
 
 
+def valid_keep_alive(raw: str) -> bool:
+    """Whole seconds, 1 to ``HTTP_KEEP_ALIVE_MAX``, in ASCII digits (the CRD's CEL rule says the same)."""
+    return re.fullmatch(r"[0-9]{1,4}", raw) is not None and 1 <= int(raw) <= HTTP_KEEP_ALIVE_MAX
+
+
 def http_keep_alive_seconds(env: dict[str, str]) -> int:
     """The engines' keep-alive in seconds from the engine container's extra env (vLLM's default without it,
     or with a value validation refuses)."""
     raw = env.get(ENV_HTTP_KEEP_ALIVE)
-    if raw is None or not raw.isdigit() or not 1 <= int(raw) <= HTTP_KEEP_ALIVE_MAX:
-        return HTTP_KEEP_ALIVE_DEFAULT
-    return int(raw)
+    return int(raw) if raw is not None and valid_keep_alive(raw) else HTTP_KEEP_ALIVE_DEFAULT
 
 
 # Environment the operator sets itself or that opens the engine up; refused in spec.env.

@@ -98,6 +98,13 @@ INVALID = [
     ),
     ("wrev-neither", WREV, "spec.draft", {"digest": "blake3:" + "1" * 64}, "set exactly one of path and push"),
     ("fleet-transfer-backend", FLEET, "spec.weightTransfer", {"backend": "gloo"}, 'Unsupported value: "gloo"'),
+    (
+        "fleet-keep-alive",
+        FLEET,
+        "spec.env",
+        [{"name": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "value": "5s"}],
+        "spec.env[0].value: Invalid value: VLLM_HTTP_TIMEOUT_KEEP_ALIVE must be whole seconds",
+    ),
 ]
 
 

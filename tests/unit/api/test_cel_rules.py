@@ -251,3 +251,28 @@ def test_source_is_a_path_or_a_push_never_both_and_a_push_has_a_digest() -> None
     assert not all_hold(source_rules, {"push": {}, "path": "/w/v", "digest": digest})
     assert not all_hold(source_rules, {"digest": digest})
     assert rules(WREV_ROOT, "spec.draft") == rules(WREV_ROOT, "spec.verifier")
+
+
+@pytest.mark.parametrize(
+    ("env", "allowed"),
+    [
+        ({"name": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "value": "60"}, True),
+        ({"name": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "value": "3600"}, True),
+        ({"name": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "value": "0"}, False),
+        ({"name": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "value": "3601"}, False),
+        ({"name": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "value": "5s"}, False),
+        ({"name": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "value": ""}, False),
+        ({"name": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"}, False),
+        ({"name": "HF_HOME", "value": "5s"}, True),  # other variables' values are the user's
+    ],
+)
+def test_engine_keep_alive_value_rule(env: dict[str, str], allowed: bool) -> None:
+    # vLLM int()s it at start (any other value crashes every engine of the fleet); the operator keeps its
+    # connections by it. The operator's validation (vllm_flags.valid_keep_alive) agrees with the rule.
+    from rolloutfleet.api import vllm_flags
+
+    env_rules = rules(FLEET_ROOT, "spec.env.[]")
+    assert env_rules
+    assert all_hold(env_rules, env) is allowed
+    if env["name"] == vllm_flags.ENV_HTTP_KEEP_ALIVE:
+        assert vllm_flags.valid_keep_alive(env.get("value", "")) is allowed
