@@ -4,6 +4,8 @@ Called by ``reconcile.fleet``. Given the previous status, the spec, the Stateful
 returns the new status; conditions move their timestamps only on a flip, so equal observations give an
 equal status and nothing is written. The revision fields (currentRevision, targetRevision and each pod's
 revision/draftRevision/step/weightVersion) belong to the revision loop and are carried over unchanged.
+``PodFactsMemo`` is the one state here: what was read of each pod object, so that a pod unchanged since the
+previous status is not read again (its results are the same as reading it anew).
 """
 
 from __future__ import annotations

@@ -176,8 +176,8 @@ def _engines(
         return {}
     summaries: dict[str, fleet_status.EngineSummary] = {}
     # Each summary is kept with the observation and step it was made from (observations are immutable, replaced
-    # on change): at 1,024 pods, making every pod's again at each of a pass's status writes was as much as
-    # building the whole status (issue 18).
+    # on change): making every pod's again took 1.9-2.7 ms of each of a pass's status writes at 1,024 pods, more
+    # than building the status from the pods' facts (0.7-0.8 ms kept; issue 18).
     made, kept = memory.summaries, {}
     for pod in pods:
         name = pod["metadata"]["name"]
