@@ -488,21 +488,23 @@ def _metrics(port: int) -> list[tuple[str, dict[str, str], float]]:
 
 def _request_counts(port: int) -> dict[str, dict[str, float]]:
     """The operator's engine requests by route, its Kubernetes API requests by verb, its cycle collector's
-    seconds by generation and the connections it opened to engines, so far."""
+    seconds by generation and the connections it opened to engines and to the API server, so far."""
     engine: dict[str, float] = collections.defaultdict(float)
     kube: dict[str, float] = collections.defaultdict(float)
     gc_seconds: dict[str, float] = {}
-    connections = 0.0
+    connections = {"engine": 0.0, "kube": 0.0}
     for name, labels, value in _metrics(port):
         if name == "rolloutfleet_engine_connections_opened_total":
-            connections = value
+            connections["engine"] = value
+        elif name == "rolloutfleet_kube_connections_opened_total":
+            connections["kube"] = value
         elif name == "rolloutfleet_engine_request_duration_seconds_count":
             engine[labels.get("route", "?")] += value
         elif name == "rolloutfleet_kube_api_requests_total":
             kube[labels.get("verb", "?")] += value
         elif name == "rolloutfleet_gc_seconds_total":
             gc_seconds[labels.get("generation", "?")] = value
-    return {"engine": dict(engine), "kube": dict(kube), "gc": gc_seconds, "connections": {"engine": connections}}
+    return {"engine": dict(engine), "kube": dict(kube), "gc": gc_seconds, "connections": connections}
 
 
 def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
@@ -994,6 +996,8 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         "engine_requests_by_route": engine_req,
         # New TCP connections to engines (the rest of the requests reused one kept alive).
         "engine_connections_per_pod": round(_delta(req1["connections"], req0["connections"]).get("engine", 0.0) / n, 3),
+        # New TLS connections to the API server for the revision's requests (each a handshake).
+        "kube_connections": round(_delta(req1["connections"], req0["connections"]).get("kube", 0.0)),
         "engine_keep_alive_s": args.engine_keep_alive,
         "kube_requests": round(sum(kube_req.values())),
         "kube_requests_per_pod": round(sum(kube_req.values()) / n, 3),

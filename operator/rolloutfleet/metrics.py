@@ -106,7 +106,11 @@ class Metrics:
             "TCP connections the operator opened to engines (each request reuses one kept alive when it can).",
             registry=r,
         )
-
+        self.kube_connections = prom.Counter(
+            "rolloutfleet_kube_connections_opened_total",
+            "TLS connections the operator opened to the Kubernetes API for its requests (watches aside).",
+            registry=r,
+        )
         self.kube_requests = prom.Counter(
             "rolloutfleet_kube_api_requests_total",
             "Requests from the reconcilers to the Kubernetes API.",

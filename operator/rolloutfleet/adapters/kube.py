@@ -137,7 +137,12 @@ class Kube:
         self._watched: dict[tuple[str, str], WatchedList] = {}  # pods by (namespace, selector): kube_watch
         self.requests = 0  # API requests issued, for the rollout benchmark's per-pod accounting
         self.on_request: Callable[[str], None] | None = None  # metrics hook: called with the verb
+        self.on_connect: Callable[[], None] | None = None  # metrics hook: a connection to the API server opened
         self._event_warned = False
+
+    def _connected(self) -> None:
+        if self.on_connect is not None:
+            self.on_connect()
 
     @classmethod
     def from_environment(
@@ -257,7 +262,7 @@ class Kube:
         self._count(verb)
         if self._http is None:
             configuration = (self._api_client or k8s_client.ApiClient()).configuration
-            self._http = KubeHTTP(configuration, limit=self._in_flight)
+            self._http = KubeHTTP(configuration, limit=self._in_flight, on_connect=self._connected)
         try:
             return await self._http.request(
                 method,

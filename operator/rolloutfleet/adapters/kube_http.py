@@ -71,7 +71,9 @@ def ssl_context(configuration: k8s_client.Configuration) -> ssl.SSLContext | boo
 class KubeHTTP:
     """One session to one API server; ``limit`` connections at most (each kept alive)."""
 
-    def __init__(self, configuration: k8s_client.Configuration, *, limit: int) -> None:
+    def __init__(
+        self, configuration: k8s_client.Configuration, *, limit: int, on_connect: Callable[[], None] | None = None
+    ) -> None:
         self.configuration = configuration
         self.base = configuration.host.rstrip("/")
         self._ssl = ssl_context(configuration)
@@ -82,7 +84,7 @@ class KubeHTTP:
         self._session: aiohttp.ClientSession | None = None  # requests through a proxy only
         self._streams: aiohttp.ClientSession | None = None  # watches: each holds a connection for minutes
         # The slots above bound the requests; the pool only keeps their connections.
-        self._http = http11.HTTP11(limit=limit, limit_per_host=limit, idle_s=IDLE_SECONDS)
+        self._http = http11.HTTP11(limit=limit, limit_per_host=limit, idle_s=IDLE_SECONDS, on_connect=on_connect)
         parts = urllib.parse.urlsplit(self.base)
         self._prefix = parts.path.rstrip("/")  # a path the API server is served under (e.g. behind a gateway)
         self._origin = self._http.origin(

@@ -64,6 +64,7 @@ async def configure(
         logger.info("metrics on :%d/metrics", port)
     kube = Kube.from_environment(os.environ.get("KUBECONFIG"))
     kube.on_request = lambda verb: metrics.kube_request_counts(verb).inc()
+    kube.on_connect = metrics.kube_connections.inc
     memo.ctx = OperatorContext(
         kube=kube,
         metrics=metrics,

@@ -68,7 +68,8 @@ async def test_requests_keep_credentials_prefix_query_and_errors(pki: certs.Pki,
     configuration.ssl_ca_cert = str(pki.ca_cert)
     configuration.api_key = {"authorization": "tok"}
     configuration.api_key_prefix = {"authorization": "Bearer"}
-    http = KubeHTTP(configuration, limit=2)
+    opened: list[int] = []
+    http = KubeHTTP(configuration, limit=2, on_connect=lambda: opened.append(1))
     try:
         listed = await http.request("GET", "/api/v1/namespaces/ns/pods", params={"labelSelector": "a=b"}, timeout=5)
         with pytest.raises(KubeHTTPError) as err:
@@ -93,6 +94,9 @@ async def test_requests_keep_credentials_prefix_query_and_errors(pki: certs.Pki,
     assert listed == {"kind": "PodList", "items": []}
     assert (err.value.status, str(err.value)) == (404, 'pods "p-9" not found')
     assert unread is None
+    # One TLS connection for the three (rolloutfleet_kube_connections_opened_total counts them: each new one is a
+    # handshake on both ends).
+    assert len(opened) == 1
     (get_head, _), (patch_head, patch_body), (unread_head, _) = seen
     # A write whose answer nobody reads asks for the object's metadata only (the whole pod, or a fleet status
     # with a row per pod, encoded by the API server and decrypted here for nothing), plain JSON as the
