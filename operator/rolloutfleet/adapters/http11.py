@@ -289,6 +289,10 @@ class _Slots:
         self.taken = 0
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
+    def free(self, limit: int) -> bool:
+        """A slot may be taken now without waiting (nobody waits before it)."""
+        return self.taken < limit and not self.waiters
+
 
 class HTTP11:
     """Connections to many servers (module docstring). ``close()`` drops them all."""
@@ -467,19 +471,13 @@ class HTTP11:
     def _take_now(self, key: tuple[str, int]) -> bool:
         """Both slots (the server's and the pool's) taken if free with nobody waiting; False: ``_take``."""
         host = self._hosts.get(key)
+        if not ((host is None or host.free(self._limit_per_host)) and self._all.free(self._limit)):
+            return False
         if host is None:
             host = self._hosts[key] = _Slots()
-        if (
-            host.taken < self._limit_per_host
-            and not host.waiters
-            and self._all.taken < self._limit
-            and not self._all.waiters
-        ):
-            host.taken += 1
-            self._all.taken += 1
-            return True
-        self._forget(key, host)
-        return False
+        host.taken += 1
+        self._all.taken += 1
+        return True
 
     async def _take(self, key: tuple[str, int]) -> None:
         host = self._hosts.get(key)
@@ -505,7 +503,7 @@ class HTTP11:
 
     @staticmethod
     async def _acquire(slots: _Slots, limit: int) -> None:
-        if slots.taken < limit and not slots.waiters:
+        if slots.free(limit):
             slots.taken += 1
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 
 PORT = "--port"
 SERVED_MODEL_NAME = "--served-model-name"
@@ -84,7 +85,7 @@ def valid_keep_alive(raw: str) -> bool:
     return re.fullmatch(r"[0-9]{1,4}", raw) is not None and 1 <= int(raw) <= HTTP_KEEP_ALIVE_MAX
 
 
-def http_keep_alive_seconds(env: dict[str, str]) -> int:
+def http_keep_alive_seconds(env: Mapping[str, str]) -> int:
     """The engines' keep-alive in seconds from the engine container's extra env (vLLM's default without it,
     or with a value validation refuses)."""
     raw = env.get(ENV_HTTP_KEEP_ALIVE)

@@ -92,7 +92,7 @@ OPEN_PREFIXES = ("/v1/", "/metrics/")
 def keep_alive_seconds() -> float:
     """How long vLLM's server keeps an idle connection: ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` from the environment
     (uvicorn's timeout_keep_alive in vLLM's server), 5 s without it."""
-    return float(vllm_flags.http_keep_alive_seconds(dict(os.environ)))
+    return float(vllm_flags.http_keep_alive_seconds(os.environ))
 
 
 def is_open(path: str) -> bool:
