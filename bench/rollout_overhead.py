@@ -39,6 +39,7 @@ import random
 import re
 import resource
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -204,6 +205,16 @@ def lower_bound(
     for pre, res in seqs:
         heapq.heappush(slots, heapq.heappop(slots) + pre + res)
     return max(slots)
+
+
+def _py_spy() -> str:
+    """py-spy beside this interpreter (``.venv/bin/pip install py-spy``), else the first on PATH (the device:
+    its static binary carried, scripts/bench/device-bench.sh)."""
+    beside = pathlib.Path(sys.executable).parent / "py-spy"
+    found = str(beside) if beside.exists() else shutil.which("py-spy")
+    if found is None:
+        raise SystemExit("--profile: no py-spy beside the interpreter nor on PATH (pip install py-spy)")
+    return found
 
 
 # -- py-spy profiles (pure) ------------------------------------------------------------------------------
@@ -811,6 +822,8 @@ def start_fleet(n: int, args: argparse.Namespace, tmp: pathlib.Path, stack: cont
         stdout=log,
         stderr=subprocess.STDOUT,
     )
+    if args.operator_cpu is not None:  # at once, while it is one thread: the threads it starts inherit the core
+        os.sched_setaffinity(operator.pid, {args.operator_cpu})
     stack.callback(_stop, operator)
     latency_file = tmp / "latencies.json"
     followers = []
@@ -928,7 +941,7 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         with (fleet.tmp / f"py-spy-{index}.log").open("wb") as spy_log:
             spy = subprocess.Popen(
                 [
-                    str(pathlib.Path(sys.executable).parent / "py-spy"),
+                    _py_spy(),
                     *("record", "-p", str(fleet.operator.pid), "-r", "100", "-f", "raw"),
                     "--native" if args.profile_native else "--nonblocking",
                     *("-o", str(spy_file), "-d", str(int(REVISION_TIMEOUT_S) + 60)),
@@ -999,6 +1012,7 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         # New TLS connections to the API server for the revision's requests (each a handshake).
         "kube_connections": round(_delta(req1["connections"], req0["connections"]).get("kube", 0.0)),
         "engine_keep_alive_s": args.engine_keep_alive,
+        "operator_cpu_pinned": args.operator_cpu,
         "kube_requests": round(sum(kube_req.values())),
         "kube_requests_per_pod": round(sum(kube_req.values()) / n, 3),
         "kube_requests_by_verb": kube_req,
@@ -1365,6 +1379,13 @@ def main() -> int:
         help="the fleet's VLLM_HTTP_TIMEOUT_KEEP_ALIVE (its spec.env, and the simulated engines'); vLLM's 5 s without",
     )
     parser.add_argument("--subnet-offset", type=int, default=0, help="first fake node's 127.1.<offset>.0/24")
+    parser.add_argument(
+        "--operator-cpu",
+        type=int,
+        default=None,
+        help="run the operator on this core alone and everything else (this bench, the control plane, the "
+        "engines) on the others: a dedicated core, as a Guaranteed pod gets from the kubelet's static CPU manager",
+    )
     parser.add_argument("--out", default="bench/results/rollout_overhead.md")
     parser.add_argument("--json", default=str(pathlib.Path(tempfile.gettempdir()) / "rollout_overhead.json"))
     args = parser.parse_args()
@@ -1374,6 +1395,11 @@ def main() -> int:
     if args.engine_procs < 1:
         parser.error("--engine-procs must be at least 1")
     _raise_open_files()
+    if args.operator_cpu is not None:
+        cores = os.sched_getaffinity(0)
+        if args.operator_cpu not in cores or len(cores) < 2:
+            parser.error(f"--operator-cpu {args.operator_cpu}: not one of this process's cores {sorted(cores)}")
+        os.sched_setaffinity(0, cores - {args.operator_cpu})  # every child started from here on inherits it
     command, run_id = _command(), datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     rows: list[dict[str, Any]] = []
     soaks: list[dict[str, Any]] = []

@@ -31,7 +31,9 @@
 # 1,024 engines answered late and inflated the walls measured before 2026-12-03's last session by 2-3 s.
 # The operator and the followers are started with sys.executable and inherit PYTHONPATH, so no console script
 # or .venv is needed, and no Go: binaries.ensure() asks for it only when a binary is missing. --profile does not
-# work on the device: it looks for py-spy beside python3, and no py-spy is carried.
+# work on the device once py-spy's static binary is carried too: `mkdir -p .device-bench/spy && cp
+# .venv/bin/py-spy .device-bench/spy/` here (after `.venv/bin/pip install py-spy`), then one call with carry
+# [".device-bench/spy"] and `unpack`; `bench` puts it on PATH, where the bench looks after beside python3.
 # PY (default python3) is the interpreter of `unpack`'s pip step and of `bench`; the local rehearsal sets it to
 # a bare CPython 3.12 venv. VENV_PY (default .venv/bin/python) is what `prepare` reads the pinned versions from.
 set -euo pipefail
@@ -272,6 +274,9 @@ unpack() {
     d=${d%/}
     [ -d "$d" ] || continue
     if [ "$(basename "$d")" = whl ]; then cp -p "$d"/* "$state/whl/"; got+=("$d"); continue; fi
+    if [ "$(basename "$d")" = spy ]; then  # py-spy's static binary, for --profile (`bench` puts it on PATH)
+      mkdir -p "$state/bin" && cp -p "$d/py-spy" "$state/bin/" && got+=("$d"); continue
+    fi
     for f in "$d"/cp-bin.*; do [ -f "$f" ] && cp -p "$f" "$state/parts/"; done
     [ -d "$d/whl" ] && cp -p "$d"/whl/* "$state/whl/"
     got+=("$d")
@@ -364,6 +369,7 @@ environment() {
   # RF_OPERATOR: another operator tree to measure (side by side with this one: e.g. `git archive REV operator`
   # unpacked into a carried .device-bench/base; its simulator serves the engines too).
   export PYTHONPATH=$state/site:${RF_OPERATOR:-$repo/operator}
+  export PATH=$state/bin:$PATH  # a carried py-spy (unpack), found by the bench's --profile
   export PYTHONUNBUFFERED=1
 }
 
