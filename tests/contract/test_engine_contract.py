@@ -653,3 +653,49 @@ async def test_a_sleep_mode_pause_sleep_wake_and_load_in_one_request(target: Tar
     assert final.serving and final.resident and final.pair == (2, 2) and final.admitted is True
     status, body = await complete(target, max_tokens=2)
     assert status == 200, body
+
+
+async def test_a_rolling_update_resumes_in_its_loads_request_only_behind_a_state_check_every_rank_holds(
+    target: Target, engine: EngineClient
+) -> None:
+    """A Rolling pod's whole update in one request (``transaction.chain(through_resume=True)``, issue 18): the
+    chain, then ``rolloutfleet_state`` expecting the revision's digests (held by every rank's result), then the
+    resume and the admission. With a digest the loaded bytes do not hash to, the check ends the sequence: the
+    loads are answered, the engine stays paused and withdrawn, and nothing resumes on those weights."""
+    from rolloutfleet.api.fleet import StepTimeouts
+    from rolloutfleet.planning import transaction
+    from rolloutfleet.reconcile import executor
+
+    w = target.weights
+    await load_pair(engine, w.verifier_a, w.draft_a, 1)
+    await engine.admit(1)
+    pinned = transaction.Goal(
+        revision=2,
+        verifier_path=w.verifier_b,
+        draft_path=w.draft_b,
+        sleep_mode=True,
+        verifier_digest=digest_directory(w.verifier_b),
+        draft_digest=digest_directory(w.draft_b),
+    )
+    known = await engine.observe()
+    steps = transaction.chain(pinned, known, transaction.Step.PAUSE, through_resume=True)
+    assert steps[-3:] == (transaction.Step.LOAD_VERIFIER, transaction.Step.LOAD_DRAFT, transaction.Step.RESUME)
+    ctx = executor.SessionContext(known=known)
+    done = await executor.execute_chain(engine, steps, pinned, StepTimeouts(), ctx)
+    assert [d.step for d in done] == list(steps)
+    assert done[-1].result == executor.Resumed(admitted=True)
+    state = await engine.observe()
+    assert state.serving and state.admitted is True and state.pair == (2, 2)
+    status, body = await complete(target, max_tokens=2)
+    assert status == 200, body
+
+    wrong = dataclasses.replace(
+        pinned, revision=3, verifier_path=w.verifier_a, draft_path=w.draft_a, verifier_digest="blake3:" + "0" * 64
+    )
+    steps = transaction.chain(wrong, state, transaction.Step.PAUSE, through_resume=True)
+    done = await executor.execute_chain(engine, steps, wrong, StepTimeouts(), executor.SessionContext(known=state))
+    assert [d.step for d in done] == list(steps[:-1])
+    held = await engine.observe()
+    assert held.paused and held.admitted is False and held.pair == (3, 3)
+    assert engine.chains_resume  # refused by the check, not taken for an image without the rule
+    await engine.resume()

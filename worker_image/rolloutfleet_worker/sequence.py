@@ -15,8 +15,10 @@ The body::
      "expect": {...},               # optional: what every rank's ``rolloutfleet_state`` must hold
      "calls": [{"method": "POST", "path": "/resume", "query": "a=b", "json": {...}}, ...]}
 
-A call may carry ``"expect": {...}``: its JSON body must hold it, or the sequence ends there (a prefix-cache
-reset that answers ``{"success": false}`` must never be followed by the resume). The guard makes a resume safe
+A call may carry ``"expect": {...}``: its JSON body must hold it (a ``/collective_rpc`` call: every rank's
+result), or the sequence ends there (a prefix-cache reset that answers ``{"success": false}`` must never be
+followed by the resume; nor a resume chained after loads whose ``rolloutfleet_state`` does not hold the digests
+the operator expects). The guard makes a resume safe
 in one request: the operator names the engine process and the weights it saw
 acknowledged, and the calls run only if both still hold (``expect`` is a subset of each rank's report:
 objects compared key by key, anything else by equality, a missing key reads as null). The answer (200)::
@@ -118,17 +120,17 @@ def holds(actual: Any, expected: Any) -> bool:
 def failed(path: str, answer: dict[str, Any], expect: Any = None) -> bool:
     """Whether a call's answer ends the sequence: not 2xx, a body that does not hold the call's ``expect``
     (vLLM answers some refusals with 200, e.g. ``{"success": false}`` from a prefix-cache reset), or an RPC
-    whose result on some rank is not ok."""
+    whose result on some rank is not ok. An RPC's ``expect`` is held by every rank's result, as the guard's is:
+    a ``rolloutfleet_state`` call after the loads ends the sequence before the resume unless every rank holds
+    the weights the operator expects (a Rolling pod's whole update in one request)."""
     if not 200 <= int(answer["status"]) < 300:
         return True
-    if expect is not None and not holds(answer["body"], expect):
-        return True
     if path != "/collective_rpc":
-        return False
+        return expect is not None and not holds(answer["body"], expect)
     results = answer["body"].get("results") if isinstance(answer["body"], dict) else None
-    if not isinstance(results, list):
+    if not isinstance(results, list) or any(isinstance(r, dict) and r.get("ok") is False for r in results):
         return True
-    return any(isinstance(r, dict) and r.get("ok") is False for r in results)
+    return expect is not None and not (results and all(isinstance(r, dict) and holds(r, expect) for r in results))
 
 
 async def serve(app: ASGIApp, admitted: admission.Admission, scope: Scope, receive: Receive, send: Send) -> None:

@@ -33,6 +33,7 @@ an error message; ``repr`` redacts it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import time
@@ -107,6 +108,7 @@ class EngineClient:
         apart: dict[str, float] | None = None,
         no_sequence: dict[str, float] | None = None,
         read_apart: dict[str, float] | None = None,
+        resume_apart: dict[str, float] | None = None,
         loads: LoadLedger | None = None,
         credentials: Credentials | None = None,
     ) -> None:
@@ -120,6 +122,9 @@ class EngineClient:
         # Shared likewise: engines whose sequences refuse an observation among their calls (an image from before
         # it was allowed: 400), read in a request of its own.
         self._read_apart = read_apart if read_apart is not None else {}
+        # Shared likewise: engines whose sequences compare an RPC call's expectation with its whole body (an image
+        # from before a state check could precede a resume in the loads' request): resumed in a request of its own.
+        self._resume_apart = resume_apart if resume_apart is not None else {}
         # Shared by the pool's clients (each reconcile pass makes new ones): loads of unknown outcome.
         self._loads = loads if loads is not None else LoadLedger()
         self._http = http
@@ -741,6 +746,38 @@ class EngineClient:
         self._no_sequence.pop(self.base_url, None)
         return wire.sequence_from_wire(answer, len(calls), url=self.base_url)
 
+    @property
+    def chains_resume(self) -> bool:
+        """Whether a resume may follow the loads in their request, behind ``state_check_call``: not for an image
+        seen to compare the check with the RPC's whole body (``note_resume_apart``), for a while
+        (``ENVELOPE_RECHECK_SECONDS``)."""
+        return not _believed(self._resume_apart, self.base_url, ENVELOPE_RECHECK_SECONDS)
+
+    def note_resume_apart(self) -> None:
+        """This engine's image stopped a sequence at a state check that every rank held (it compares an RPC
+        call's expectation with the whole body): its resumes go in requests of their own for a while."""
+        self._resume_apart[self.base_url] = time.monotonic()
+
+    def state_check_call(self, expected: api.EngineState, *, deadline: float) -> wire.Call:
+        """``rolloutfleet_state`` as a call of a sequence that every rank's result must hold ``guard_of(expected)``
+        for, or the sequence ends there: what a resume chained after loads runs behind."""
+        call = rpc_call("rolloutfleet_state", {}, step="rolloutfleet_state", timeout=rpc_timeout_below(deadline))
+        return dataclasses.replace(call, expect=guard_of(expected))
+
+    def state_check_held(self, answer: wire.SequenceAnswer, index: int, call: wire.Call) -> bool:
+        """Whether the state check ``call`` at ``index`` of ``answer`` held: answered 200, and every rank's
+        result ok and holding the call's expectation."""
+        part = answer.parts[index]
+        if part.get("status") != 200:
+            return False
+        try:
+            results = _rpc_results(part.get("body"), self.base_url)
+        except EngineProtocolError:
+            return False
+        return bool(results) and all(
+            isinstance(r, dict) and r.get("ok") is True and wire.holds(r, call.expect) for r in results
+        )
+
     def commit_call(self, target: api.Target, path: str, revision: int, *, deadline: float) -> wire.Call:
         """A staged load of ``target`` (``load(..., staged=True)``) as a call of a sequence."""
         return self.load_call(target, path, revision, staged=True, deadline=deadline)
@@ -1072,6 +1109,7 @@ class EnginePool:
         self._apart: dict[str, float] = {}
         self._no_sequence: dict[str, float] = {}
         self._read_apart: dict[str, float] = {}
+        self._resume_apart: dict[str, float] = {}
         self.loads = LoadLedger()
 
     def __repr__(self) -> str:
@@ -1123,6 +1161,7 @@ class EnginePool:
             apart=self._apart,
             no_sequence=self._no_sequence,
             read_apart=self._read_apart,
+            resume_apart=self._resume_apart,
             loads=self.loads,
             credentials=self.credentials,
         )

@@ -561,6 +561,14 @@ def query_string(query: tuple[tuple[str, str], ...]) -> str:
     return urllib.parse.urlencode(query)
 
 
+def holds(actual: Any, expected: Any) -> bool:
+    """A sequence's expectation as the engine applies it (``rolloutfleet_worker.sequence.holds``): objects key
+    by key (a missing key reads as null), anything else by equality."""
+    if isinstance(expected, dict):
+        return isinstance(actual, dict) and all(holds(actual.get(k), v) for k, v in expected.items())
+    return bool(actual == expected)
+
+
 @dataclasses.dataclass(frozen=True)
 class Call:
     """One call of a sequence: a control route with its query and JSON body; ``step`` names it in errors."""

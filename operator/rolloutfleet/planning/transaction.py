@@ -464,7 +464,9 @@ CHAIN_TO = frozenset(
 _AS_REFERENCED = "as-referenced"  # a verifier digest that verifies against a goal whose reference is not known yet
 
 
-def chain(goal: Goal, state: EngineState, first: Step, *, loads: bool = True) -> tuple[Step, ...]:
+def chain(
+    goal: Goal, state: EngineState, first: Step, *, loads: bool = True, through_resume: bool = False
+) -> tuple[Step, ...]:
     """``first`` and the steps that follow it for certain: the decisions this planner would make from each
     step's acknowledgement, up to and including the first load or commit (``CHAIN_THROUGH``/``CHAIN_TO``), and
     the draft's load after the verifier's.
@@ -478,17 +480,27 @@ def chain(goal: Goal, state: EngineState, first: Step, *, loads: bool = True) ->
     it from the answer (a verdict, a retry of the verifier alone: the draft it loaded is kept), and nothing
     resumes on it (the resume's guard checks both). ``loads=False`` (the fleet limits concurrent loads, which
     the executor enforces per load step) ends the chain before a load.
+
+    ``through_resume`` (a Rolling pod, whose resume waits for no other pod): the resume follows the loads in
+    the same request where the goal names the digests both loads must verify to (``resumes_on_check``). The
+    executor puts a check of the engine's state between them that every rank must hold (``expected_after``
+    the loads: the goal's revision and digests), so the resume runs only on the pair the pass would have
+    verified before resuming it, and a pod's update is one request instead of two and an iteration of the pass.
     """
     steps = [first]
     while True:
         last = steps[-1]
-        if last in CHAIN_THROUGH:
-            state = acknowledged(state, last, goal)
-        elif last == Step.LOAD_VERIFIER:
-            state = acknowledged(state, last, goal, _as_expected(goal))
+        if last in CHAIN_THROUGH or last == Step.LOAD_VERIFIER or (last == Step.LOAD_DRAFT and through_resume):
+            state = _as_acknowledged(goal, state, last)
         else:
             break
         following = next_step(goal, state).step
+        if following == Step.RESUME and last in (Step.LOAD_VERIFIER, Step.LOAD_DRAFT):
+            if through_resume and resumes_on_check(goal):
+                steps.append(Step.RESUME)
+            break
+        if last == Step.LOAD_DRAFT:  # (acknowledged only to see whether the resume follows)
+            break
         if following not in CHAIN_TO or (following in LOAD_STEPS and not loads):
             break
         if last == Step.LOAD_VERIFIER and following != Step.LOAD_DRAFT:
@@ -497,10 +509,44 @@ def chain(goal: Goal, state: EngineState, first: Step, *, loads: bool = True) ->
     return tuple(steps)
 
 
-def _as_expected(goal: Goal) -> LoadResult:
-    """The verifier's load as it should answer: the goal's revision, with a digest that verifies."""
-    digest = goal.verifier_digest or _AS_REFERENCED
-    return LoadResult(Target.VERIFIER, goal.revision, goal.verifier_path, digest, bytes=0, seconds=0.0, tensors=0)
+def resumes_on_check(goal: Goal) -> bool:
+    """A resume may follow this goal's loads in their request: the goal names every digest its loads must
+    verify to (``verifier_ok``, ``draft_ok``), so one check of the engine's state says what the pass's own
+    verification would. Not for a frozen draft (restored, not loaded), staged commits or pushed weights."""
+    return (
+        goal.verifier_digest is not None
+        and (not goal.co_updates_draft or goal.draft_digest is not None)
+        and goal.frozen_draft_path is None
+        and not goal.pushed
+        and not goal.stages
+    )
+
+
+def expected_after(goal: Goal, state: EngineState, steps: tuple[Step, ...]) -> EngineState:
+    """The engine's state once ``steps`` (a chain's steps before its resume) all succeeded with the answers
+    the goal expects: what the check before a chained resume requires of every rank (``adapters.engine.guard_of``)."""
+    for step in steps:
+        state = _as_acknowledged(goal, state, step)
+    return state
+
+
+def _as_acknowledged(goal: Goal, state: EngineState, step: Step) -> EngineState:
+    """``state`` after ``step`` succeeded, a load answering as it should (``_as_expected``)."""
+    if step == Step.LOAD_VERIFIER:
+        return acknowledged(state, step, goal, _as_expected(goal, Target.VERIFIER))
+    if step == Step.LOAD_DRAFT:
+        return acknowledged(state, step, goal, _as_expected(goal, Target.DRAFT))
+    return acknowledged(state, step, goal)
+
+
+def _as_expected(goal: Goal, target: Target) -> LoadResult:
+    """A load of ``target`` as it should answer: the goal's revision, with a digest that verifies (the goal's,
+    or a placeholder where it names none yet)."""
+    if target == Target.DRAFT:
+        digest, path = goal.draft_digest or _AS_REFERENCED, goal.draft_path
+    else:
+        digest, path = goal.verifier_digest or _AS_REFERENCED, goal.verifier_path
+    return LoadResult(target, goal.revision, path, digest, bytes=0, seconds=0.0, tensors=0)
 
 
 def shown_step(steps: tuple[Step, ...]) -> Step:

@@ -42,7 +42,15 @@ from rolloutfleet.adapters import engine_wire
 from rolloutfleet.adapters.engine import EngineClient
 from rolloutfleet.api.engine import EngineState, GroupMembership, LoadResult, PushSession, StageState, Target
 from rolloutfleet.api.fleet import StepTimeouts
-from rolloutfleet.planning.transaction import COMMIT_STEPS, LOAD_STEPS, SESSION_STEPS, Goal, Step, committable
+from rolloutfleet.planning.transaction import (
+    COMMIT_STEPS,
+    LOAD_STEPS,
+    SESSION_STEPS,
+    Goal,
+    Step,
+    committable,
+    expected_after,
+)
 
 log = logging.getLogger(__name__)
 
@@ -178,32 +186,16 @@ async def _resume(engine: EngineClient, goal: Goal, timeouts: StepTimeouts, ctx:
     The guard (the process and the weights ``ctx.known`` holds) replaces the read that used to precede
     every resume: inside an AllAtOnce pause each request round is time the whole fleet is out of service.
     """
-    pause, wake = float(timeouts.pause_seconds), float(timeouts.wake_seconds)
-    calls = _resume_calls(goal, ctx.known)
-    deadline = {"update_weight_version": float(timeouts.verify_seconds), "wake_up:kv_cache": wake}
-    total = sum(deadline.get(c.step, pause) for c in calls)
+    plan = _resume_plan(goal, timeouts, ctx.known)
+    calls, total = [call for call, _ in plan], sum(deadline for _, deadline in plan)
     answer = None
     if ctx.known is not None and ctx.known.instance is not None:
         answer = await engine.sequence(calls, known=ctx.known, deadline=total)
     if answer is not None:
         if answer.held is not None:
             raise Held(f"the engine changed since it was read ({answer.held})")
-        for index, call in enumerate(calls):
-            if call.step == "admit":  # resumed: an admission refused is the Service sync's to retry (fail-closed)
-                part = answer.parts[index] if index < len(answer.parts) else {}
-                body = part.get("body")
-                admitted = 200 <= part.get("status", 0) < 300 and isinstance(body, dict) and body.get("admitted")
-                if not admitted:
-                    log.warning("%s: resumed, not admitted: %s", engine.base_url, part or "the admit did not run")
-                return Resumed(bool(admitted))
-            if index >= len(answer.parts):
-                raise StepError(Step.RESUME, "EngineProtocolError", f"the sequence stopped before {call.step}")
-            body = engine.part(answer, index, call)  # raises the call's own error
-            if call.step == "reset_prefix_cache" and not (isinstance(body, dict) and body.get("success") is True):
-                # The reset did not go through (vLLM answers success false while KV blocks are held): the
-                # sequence ended there, the engine is still paused, and the step is retried.
-                raise StepError(Step.RESUME, "PrefixCacheNotReset", "the prefix cache could not be reset: not resumed")
-        return Resumed(None)
+        return _resumed(engine, answer, calls, 0)
+    pause, wake = float(timeouts.pause_seconds), float(timeouts.wake_seconds)
     if ctx.ready is not None and not await ctx.ready():
         raise Held("the engine changed since it was read")
     for call in calls:
@@ -216,6 +208,37 @@ async def _resume(engine: EngineClient, goal: Goal, timeouts: StepTimeouts, ctx:
         elif not await engine.reset_prefix_cache(reset_running_requests=True, deadline=pause):
             raise StepError(Step.RESUME, "PrefixCacheNotReset", "the prefix cache could not be reset: not resumed")
     await engine.resume(deadline=pause)
+    return Resumed(None)
+
+
+def _resume_plan(goal: Goal, timeouts: StepTimeouts, known: EngineState | None) -> list[tuple[engine_wire.Call, float]]:
+    """The resume's calls (``_resume_calls``), each with its deadline."""
+    pause, wake = float(timeouts.pause_seconds), float(timeouts.wake_seconds)
+    deadline = {"update_weight_version": float(timeouts.verify_seconds), "wake_up:kv_cache": wake}
+    return [(call, deadline.get(call.step, pause)) for call in _resume_calls(goal, known)]
+
+
+def _resumed(
+    engine: EngineClient, answer: engine_wire.SequenceAnswer, calls: list[engine_wire.Call], start: int
+) -> Resumed:
+    """What the resume's ``calls``, the parts of ``answer`` from ``start`` on, say: resumed (and admitted, or
+    not), or ``StepError`` (the engine's own error, a reset that did not go through: still paused)."""
+    for offset, call in enumerate(calls):
+        index = start + offset
+        if call.step == "admit":  # resumed: an admission refused is the Service sync's to retry (fail-closed)
+            part = answer.parts[index] if index < len(answer.parts) else {}
+            body = part.get("body")
+            admitted = 200 <= part.get("status", 0) < 300 and isinstance(body, dict) and body.get("admitted")
+            if not admitted:
+                log.warning("%s: resumed, not admitted: %s", engine.base_url, part or "the admit did not run")
+            return Resumed(bool(admitted))
+        if index >= len(answer.parts):
+            raise StepError(Step.RESUME, "EngineProtocolError", f"the sequence stopped before {call.step}")
+        body = engine.part(answer, index, call)  # raises the call's own error
+        if call.step == "reset_prefix_cache" and not (isinstance(body, dict) and body.get("success") is True):
+            # The reset did not go through (vLLM answers success false while KV blocks are held): the
+            # sequence ended there, the engine is still paused, and the step is retried.
+            raise StepError(Step.RESUME, "PrefixCacheNotReset", "the prefix cache could not be reset: not resumed")
     return Resumed(None)
 
 
@@ -365,6 +388,48 @@ def _chain_calls(
     raise ValueError(f"{step} cannot be part of a chain")
 
 
+def _checked_resume(
+    engine: EngineClient, goal: Goal, timeouts: StepTimeouts, expected: EngineState
+) -> list[tuple[engine_wire.Call, float]]:
+    """A chained resume's calls: the state check (every rank holds ``expected``: the goal's revision and digests
+    after the loads), then the resume's own calls (``_resume_calls`` for the engine as the loads leave it)."""
+    pause = float(timeouts.pause_seconds)
+    return [(engine.state_check_call(expected, deadline=pause), pause), *_resume_plan(goal, timeouts, expected)]
+
+
+def _chained_resume(
+    engine: EngineClient, answer: engine_wire.SequenceAnswer, index: int, calls: list[engine_wire.Call]
+) -> Done | None:
+    """The chained resume's part of ``answer`` (its state check at ``index``, then the resume's calls): Done, or
+    None where the check ended the sequence (the engine holds something else than the goal's pair, or its image
+    compares the check with the RPC's whole body: noted, and its later resumes go apart). Nothing resumed
+    then; the pass decides the pod's next step from the loads' answers and reads, as without the chain."""
+    check, rest = calls[0], calls[1:]
+    if index >= len(answer.parts):
+        raise StepError(Step.RESUME, "EngineProtocolError", f"the sequence stopped before {check.step}")
+    held = engine.state_check_held(answer, index, check)
+    if len(answer.parts) == index + 1:
+        if held:
+            log.info(
+                "%s: the image ends a sequence at a state check every rank holds: resumes go apart", engine.base_url
+            )
+            engine.note_resume_apart()
+        return None
+    if not held:  # never by the engine's rule: a resume ran on a state that failed its check
+        raise StepError(Step.RESUME, "EngineProtocolError", "the engine ran the resume after a state check that failed")
+    try:
+        resumed = _resumed(engine, answer, rest, index + 1)
+    except engine_wire.EngineError as exc:
+        raise StepError(Step.RESUME, reason_of(exc), str(exc)) from exc
+    seconds = [p.get("seconds") for p in answer.parts[index:]]
+    timed = (
+        sum(float(t) for t in seconds if isinstance(t, int | float))
+        if all(isinstance(t, int | float) for t in seconds)
+        else None
+    )
+    return Done(Step.RESUME, timed, resumed)
+
+
 async def _one_by_one(
     engine: EngineClient, steps: list[Step], goal: Goal, timeouts: StepTimeouts, session: SessionContext
 ) -> list[Done]:
@@ -391,9 +456,16 @@ async def execute_chain(
     does: it is logged and the steps go out one by one.
     """
     session = session or SessionContext()
-    if len(steps) == 1:
-        return await _one_by_one(engine, list(steps), goal, timeouts, session)
-    plan = [(step, _chain_calls(engine, step, goal, timeouts, session.known)) for step in steps]
+    # A resume chained after the loads (``transaction.chain(through_resume=True)``) runs only inside their request,
+    # behind its state check: anywhere else it is the pass's to decide again, from what the loads answered.
+    resumes = len(steps) > 1 and steps[-1] == Step.RESUME
+    before = steps[:-1] if resumes else steps
+    if len(steps) == 1 or (resumes and session.known is None):
+        return await _one_by_one(engine, list(before), goal, timeouts, session)
+    plan = [(step, _chain_calls(engine, step, goal, timeouts, session.known)) for step in before]
+    if resumes:
+        assert session.known is not None
+        plan.append((Step.RESUME, _checked_resume(engine, goal, timeouts, expected_after(goal, session.known, before))))
     calls = [call for _, each in plan for call, _ in each]
     loads = any(step in LOAD_STEPS or step in COMMIT_STEPS for step in steps)
     started = time.perf_counter()
@@ -401,13 +473,19 @@ async def execute_chain(
         answer = await engine.sequence(calls, loads=loads, deadline=sum(d for _, each in plan for _, d in each))
     except engine_wire.EngineError as exc:
         # The request as a whole failed (a timeout, a lost connection): which step it reached is the engine's to say.
-        chained = "+".join(step.value for step in steps[:-1])
-        raise StepError(steps[-1], reason_of(exc), f"in one request after {chained}: {exc}") from exc
+        # (Named after its last step before a chained resume: the load, which takes the time.)
+        chained = "+".join(step.value for step in steps)
+        raise StepError(before[-1], reason_of(exc), f"in one request of {chained}: {exc}") from exc
     if answer is None:
-        return await _one_by_one(engine, list(steps), goal, timeouts, session)
+        return await _one_by_one(engine, list(before), goal, timeouts, session)
     out: list[Done] = []
     index = 0
     for step, each in plan:
+        if step == Step.RESUME:
+            resumed = _chained_resume(engine, answer, index, [call for call, _ in each])
+            if resumed is not None:
+                out.append(resumed)
+            break
         results: list[LoadResult] = []
         timed: float | None = 0.0
         for call, _ in each:
@@ -417,7 +495,7 @@ async def execute_chain(
             if call is WITHDRAW_CALL and not 200 <= part["status"] < 300:
                 log.warning("%s: not withdrawn: %s", engine.base_url, part)
                 known = session.known.evolve(admitted=False) if session.known is not None else None
-                rest = [s for s, _ in plan[len(out) :]]
+                rest: list[Step] = [s for s, _ in plan[len(out) :] if s != Step.RESUME]
                 return out + await _one_by_one(engine, rest, goal, timeouts, dataclasses.replace(session, known=known))
             try:
                 if call.path == "/collective_rpc":

@@ -807,7 +807,17 @@ class RolloutPass:
         # round trip inside a pause is time out of service, and each request the operator's CPU. Loads stay
         # one per step where the fleet limits them (``self.loads`` counts load steps).
         unlimited = self.plan.max_concurrent_loads is None
-        steps = transaction.chain(self.decided_goal or self.goal, self.states[pod], decision.step, loads=unlimited)
+        # A Rolling pod's resume waits for no other pod: it follows its loads in their request, behind a check
+        # that the engine holds the digests the revision names (``transaction.chain``, ``executor``): one request
+        # and one iteration of this loop per pod fewer, and no round trip through the operator out of service.
+        through = (
+            self.plan.rollout == RolloutType.ROLLING
+            and transaction.resumes_on_check(self.goal)
+            and self.clients[pod].chains_resume
+        )
+        steps = transaction.chain(
+            self.decided_goal or self.goal, self.states[pod], decision.step, loads=unlimited, through_resume=through
+        )
         if len(steps) > 1:  # the status shows the step that takes the time (a load, a commit)
             self._set_decision(pod, Decision(transaction.shown_step(steps), decision.reason))
             # And what the engine holds meanwhile: a level-2 sleep released the weights it served before the

@@ -108,15 +108,16 @@ def holds(actual: Any, expected: Any) -> bool:
 
 
 def failed(path: str, part: dict[str, Any], expect: Any = None) -> bool:
-    """Not 2xx, a body that does not hold the call's ``expect``, or an RPC with a rank whose result is not ok."""
+    """Not 2xx, a body that does not hold the call's ``expect`` (an RPC: every rank's result must), or an RPC
+    with a rank whose result is not ok."""
     if not 200 <= int(part["status"]) < 300:
         return True
-    if expect is not None and not holds(part["body"], expect):
-        return True
     if path != "/collective_rpc":
-        return False
+        return expect is not None and not holds(part["body"], expect)
     results = part["body"].get("results") if isinstance(part["body"], dict) else None
-    return not isinstance(results, list) or any(isinstance(r, dict) and r.get("ok") is False for r in results)
+    if not isinstance(results, list) or any(isinstance(r, dict) and r.get("ok") is False for r in results):
+        return True
+    return expect is not None and not (results and all(isinstance(r, dict) and holds(r, expect) for r in results))
 
 
 def _error(status: int, kind: str, message: str) -> web.Response:

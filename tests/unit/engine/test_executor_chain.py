@@ -8,6 +8,9 @@ from the client's latency hook (one entry per HTTP request).
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 from engine_support import Latencies
 from transfer_support import Checkpoints
@@ -19,7 +22,8 @@ from rolloutfleet.api.fleet import StepTimeouts
 from rolloutfleet.planning import transaction
 from rolloutfleet.planning.transaction import Goal, Step
 from rolloutfleet.reconcile import executor
-from rolloutfleet.sim import EngineSpec, FaultKind, FaultRule, SimulatedEngine
+from rolloutfleet.sim import EngineSpec, FaultKind, FaultRule, SimulatedEngine, weights
+from rolloutfleet.sim import sequence as sim_sequence
 
 FAST = StepTimeouts.model_construct(pause_seconds=5, sleep_seconds=5, wake_seconds=5, load_seconds=5, verify_seconds=5)
 NOT_FOUND = {"detail": "Not Found"}
@@ -174,3 +178,83 @@ async def test_a_withdrawal_that_fails_is_logged_and_the_steps_go_on_one_by_one(
     assert "not withdrawn" in caplog.text  # (the refused withdrawal is the fault's, not an answered call)
     assert calls(sim) == ["pause:keep", *LOADS]
     assert [d.step for d in done] == [Step.PAUSE, Step.LOAD_VERIFIER, Step.LOAD_DRAFT]
+
+
+def pinned_b(ckpts: Checkpoints, *, sleep_mode: bool = True, verifier_digest: str | None = None) -> Goal:
+    """Revision 2 with the digests its checkpoints have (the trainer's, as a WeightRevision names them)."""
+    digest = weights.digest_function()
+    return dataclasses.replace(
+        goal_b(ckpts, sleep_mode=sleep_mode),
+        verifier_digest=verifier_digest or digest(ckpts.verifier_b),
+        draft_digest=digest(ckpts.draft_b),
+    )
+
+
+async def test_a_rolling_pod_s_whole_update_is_one_request_its_resume_behind_a_check_of_the_digests(
+    client: EngineClient, sim: SimulatedEngine, ckpts: Checkpoints, latencies: Latencies
+) -> None:
+    """``transaction.chain(through_resume=True)``: pause, sleep, wake, both loads, a read of the engine's state
+    that every rank must hold (the revision's digests), the resume's calls and the admission, in one request;
+    the resume's answer is a step like the others (Resumed, admitted), timed by the engine."""
+    goal = pinned_b(ckpts)
+    known = await serving_admitted(client)
+    steps = transaction.chain(goal, known, Step.PAUSE, through_resume=True)
+    sim.log.entries.clear()
+    latencies.calls.clear()
+    done = await executor.execute_chain(client, steps, goal, FAST, executor.SessionContext(known=known))
+    assert len(latencies.calls) == 1
+    assert calls(sim) == [
+        "withdraw",
+        "pause:keep",
+        "sleep:2",
+        "wake_up:weights",
+        *LOADS,
+        "update_weight_version",
+        "wake_up:kv_cache",
+        "resume",
+        "admit",
+    ]
+    assert [d.step for d in done] == list(steps) and steps[-1] == Step.RESUME
+    assert done[-1].result == executor.Resumed(admitted=True) and done[-1].seconds is not None
+    state = await client.observe(deadline=5)
+    assert state.serving and state.admitted is True and state.pair == (2, 2)
+    assert client.chains_resume
+
+
+async def test_a_chained_resume_never_runs_on_weights_that_do_not_hold_the_revision_s_digests(
+    client: EngineClient, sim: SimulatedEngine, ckpts: Checkpoints
+) -> None:
+    """The check ends the request before the resume: the loads are answered (the pass judges them, as without
+    the chain), the engine stays paused and withdrawn, and the image is not taken for one without the rule."""
+    goal = pinned_b(ckpts, verifier_digest="blake3:" + "0" * 64)
+    known = await serving_admitted(client)
+    steps = transaction.chain(goal, known, Step.PAUSE, through_resume=True)
+    sim.log.entries.clear()
+    done = await executor.execute_chain(client, steps, goal, FAST, executor.SessionContext(known=known))
+    assert [d.step for d in done] == list(steps[:-1])
+    assert "resume" not in calls(sim) and "wake_up:kv_cache" not in calls(sim)
+    state = await client.observe(deadline=5)
+    assert state.paused and state.admitted is False and state.pair == (2, 2)
+    assert client.chains_resume
+
+
+async def test_an_image_that_holds_the_check_against_the_whole_body_gets_its_resumes_apart(
+    client: EngineClient, sim: SimulatedEngine, ckpts: Checkpoints, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An image from before the rule compares the check with the RPC's whole body and stops there whatever the
+    ranks hold: nothing resumes, and the client notes it (its next resumes go in requests of their own)."""
+
+    def body_level(path: str, part: dict[str, Any], expect: Any = None) -> bool:
+        if not 200 <= int(part["status"]) < 300:
+            return True
+        return expect is not None and not sim_sequence.holds(part["body"], expect)
+
+    monkeypatch.setattr(sim_sequence, "failed", body_level)
+    goal = pinned_b(ckpts)
+    known = await serving_admitted(client)
+    steps = transaction.chain(goal, known, Step.PAUSE, through_resume=True)
+    done = await executor.execute_chain(client, steps, goal, FAST, executor.SessionContext(known=known))
+    assert [d.step for d in done] == list(steps[:-1])
+    state = await client.observe(deadline=5)
+    assert state.paused and state.pair == (2, 2)
+    assert not client.chains_resume

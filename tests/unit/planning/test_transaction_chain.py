@@ -6,6 +6,11 @@ verdict): otherwise one request would run a step the planner would not have chos
 the draft's load follows the verifier's, as the pass would take it once the verifier verified (the draft's load
 does not depend on the verifier's digest; a digest that does not verify is a verdict on the answer, and the
 retry loads the verifier alone).
+
+``through_resume`` (a Rolling pod): the resume joins the loads only where the revision names the digests both
+must verify to, because the executor runs it behind a check that every rank holds exactly those
+(``expected_after``); anywhere the pass would judge an answer against anything else, the chain still ends at
+the loads.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from rolloutfleet.planning.transaction import (
     acknowledged,
     as_step_starts,
     chain,
+    expected_after,
     next_step,
+    resumes_on_check,
     shown_step,
 )
 
@@ -134,3 +141,51 @@ def test_a_chain_is_the_steps_the_pass_would_take_one_by_one(goal: Goal) -> None
         verified = LoadResult(Target.VERIFIER, 2, "/w/2/v", DV, bytes=80, seconds=0.1, tensors=3)
         expected.append(next_step(goal, acknowledged(state, Step.LOAD_VERIFIER, goal, verified)).step)
     assert list(chain(goal, serving(stage_of_2() if goal.stages else None), expected[0])) == expected
+
+
+PINNED = dataclasses.replace(SLEEP, verifier_digest=DV, draft_digest=DD)
+
+
+@pytest.mark.parametrize("goal", [PINNED, dataclasses.replace(PINNED, sleep_mode=False)], ids=["sleep", "inflight"])
+def test_a_rolling_pod_s_resume_joins_its_loads_where_the_revision_names_both_digests(goal: Goal) -> None:
+    """Behind the check, the resume is the step the pass would take next: ``next_step`` on the state the check
+    expects says Resume, and that state holds exactly the revision's digests."""
+    steps = chain(goal, serving(), Step.PAUSE, through_resume=True)
+    assert steps[-3:] == (Step.LOAD_VERIFIER, Step.LOAD_DRAFT, Step.RESUME)
+    after = expected_after(goal, serving(), steps[:-1])
+    assert next_step(goal, after).step == Step.RESUME
+    assert (after.verifier.revision, after.verifier.digest) == (2, DV)
+    assert after.draft is not None and (after.draft.revision, after.draft.digest) == (2, DD)
+    assert after.resident and after.session is None
+    assert chain(goal, serving(), Step.PAUSE) == steps[:-1]  # not asked: the loads end it, as before
+
+
+def test_a_resume_never_joins_loads_the_pass_would_judge_against_anything_but_the_revision_s_digests() -> None:
+    """No digest named (the pass would verify against the fleet's majority), only one of the two, a frozen draft
+    (restored, not loaded), staged commits, pushed weights: the chain ends where it did."""
+    unpinned = [
+        SLEEP,
+        dataclasses.replace(SLEEP, verifier_digest=DV),
+        dataclasses.replace(SLEEP, draft_digest=DD),
+        dataclasses.replace(PINNED, draft_path=None, frozen_draft_path="/w/frozen"),
+    ]
+    for goal in unpinned:
+        assert not resumes_on_check(goal)
+        assert chain(goal, serving(), Step.PAUSE, through_resume=True)[-1] != Step.RESUME, goal
+    staged = dataclasses.replace(PINNED, sleep_mode=False, stage_limit=10**9)
+    assert chain(staged, serving(stage_of_2()), Step.PAUSE, through_resume=True) == (Step.PAUSE, Step.COMMIT_VERIFIER)
+    pushed = dataclasses.replace(PINNED, verifier_path=None, verifier_pushed=True, draft_path=None, draft_pushed=True)
+    assert not resumes_on_check(pushed)
+
+
+def test_a_verifier_alone_takes_its_resume_and_a_limited_fleet_s_loads_stay_apart() -> None:
+    """A fleet without a draft resumes after the verifier's load; a fleet that limits concurrent loads keeps
+    each load its own step, and no resume follows a chain that ends before a load."""
+    no_draft = dataclasses.replace(PINNED, draft_path=None, draft_digest=None)
+    alone = dataclasses.replace(serving(), draft=None)
+    assert chain(no_draft, alone, Step.PAUSE, through_resume=True)[-2:] == (Step.LOAD_VERIFIER, Step.RESUME)
+    assert chain(PINNED, serving(), Step.PAUSE, loads=False, through_resume=True)[-1] == Step.WAKE_WEIGHTS
+    paused = dataclasses.replace(serving(), paused=True, sleeping=True)
+    loaded = LoadResult(Target.DRAFT, 2, "/w/2/d", DD, bytes=20, seconds=0.1, tensors=2)
+    state = acknowledged(paused, Step.LOAD_DRAFT, PINNED, loaded)  # a verifier loaded again after a verdict
+    assert chain(PINNED, state, Step.LOAD_VERIFIER, through_resume=True) == (Step.LOAD_VERIFIER, Step.RESUME)

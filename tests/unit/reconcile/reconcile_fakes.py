@@ -128,9 +128,16 @@ class Harness:
         return str(verifier), str(draft)
 
     def revision_manifest(
-        self, name: str, revision: int, *, digest: str | bool = True, strategy: Manifest | None = None
+        self,
+        name: str,
+        revision: int,
+        *,
+        digest: str | bool = True,
+        draft_digest: str | bool = False,
+        strategy: Manifest | None = None,
     ) -> Manifest:
-        """A WeightRevision as a trainer publishes it; ``digest``: True pins the real one, a string pins that."""
+        """A WeightRevision as a trainer publishes it; ``digest`` (the verifier's) and ``draft_digest``: True pins
+        the real one, a string pins that."""
         verifier, draft = self.checkpoint(revision)
         spec: Manifest = {
             "fleetRef": {"name": self.fleet},
@@ -142,6 +149,10 @@ class Harness:
             spec["verifier"]["digest"] = digest_directory(verifier)
         elif isinstance(digest, str):
             spec["verifier"]["digest"] = digest
+        if draft_digest is True:
+            spec["draft"]["digest"] = digest_directory(draft)
+        elif isinstance(draft_digest, str):
+            spec["draft"]["digest"] = draft_digest
         if strategy:
             spec["strategy"] = strategy
         return {

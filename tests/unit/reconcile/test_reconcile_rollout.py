@@ -8,6 +8,7 @@ that a broken rule would show in that order, never to make it hold.
 from __future__ import annotations
 
 import asyncio
+import collections
 import pathlib
 
 import pytest
@@ -108,6 +109,39 @@ async def test_rolling_max_unavailable_one_never_has_two_engines_out_of_service(
         assert max_overlap(intervals) == 1
         assert all(h.served(p) == (1, 1, False) for p in h.pods)
         assert h.revision_status("step-1")["phase"] == "Succeeded"
+
+
+async def test_a_rolling_pod_with_a_pinned_pair_moves_in_one_request_and_resumes_only_on_verified_digests(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Issue 18: a Rolling pod's resume waits for no other pod, so where the revision names both digests it goes
+    in its loads' request, behind a check that every rank holds them. Each pod then costs two engine requests
+    per revision (the pre-flight with its read; the update) instead of three, and the promise is unchanged: a
+    draft digest that does not verify resumes nothing on it (every pod is back on revision 1, and no engine
+    served revision 2), and the capacity budget still holds."""
+    async with harness(tmp_path, replicas=3, rollout="Rolling", max_unavailable=1) as h:
+        h.apply_revision("step-1", 1)
+        await h.settle()
+        before = collections.Counter(h.requests)
+        h.apply_revision("step-2", 2, draft_digest=True)
+        await h.settle()
+        assert h.revision_status("step-2")["phase"] == "Succeeded", h.revision_status("step-2").get("message")
+        sent = collections.Counter(h.requests)
+        sent.subtract(before)
+        for pod in h.pods:  # (step: the request's calls; a sequence's are joined by "+")
+            moves = [step for (p, step), n in sent.items() for _ in range(n) if p == pod and "resume" in step]
+            assert len(moves) == 1 and "rolloutfleet_load:draft+rolloutfleet_state+" in moves[0], sent
+        assert all(h.served(p) == (2, 2, False) for p in h.pods)
+        intervals = [iv for log in h.logs().values() for iv in out_of_service(log)]
+        assert max_overlap(intervals) == 1
+        assert {t["step"] for t in h.revision_status("step-2")["timings"]} >= {"LoadDraft", "Resume"}
+
+        h.apply_revision("step-3", 3, draft_digest=WRONG_DIGEST)
+        await h.settle()
+        assert h.revision_status("step-3")["phase"] == "RolledBack", h.revision_status("step-3").get("message")
+        for pod in h.pods:
+            assert h.served(pod) == (2, 2, False), pod
+            assert 3 not in served_revisions(h.engine_log(pod)), pod
 
 
 async def test_fleet_status_shows_each_pod_s_revision_while_a_slow_pod_still_loads(tmp_path: pathlib.Path) -> None:

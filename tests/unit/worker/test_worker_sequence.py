@@ -280,3 +280,23 @@ def test_holds_compares_objects_key_by_key() -> None:
     assert sequence.holds({"a": 1}, {"missing": None})  # a missing key reads as null
     assert not sequence.holds({"a": 1}, {"a": 2})
     assert not sequence.holds({"a": None}, {"a": {"b": 1}})
+
+
+async def test_an_rpc_call_s_expectation_is_held_by_every_rank_or_the_sequence_ends_there(
+    engine: tuple[FakeVllm, httpx.AsyncClient],
+) -> None:
+    """A Rolling pod's update chains its loads, a ``rolloutfleet_state`` read expecting the revision's digests,
+    and the resume (issue 18): the expectation is held by each rank's result, as the guard's is, so the resume
+    runs only on weights that verify. Compared with the RPC's whole body (``{"results": [...]}``) it could never
+    hold: every chained resume would stop there."""
+    vllm, client = engine
+    state = {"path": "/collective_rpc", "json": {"method": "rolloutfleet_state", "args": [], "kwargs": {}}}
+    right = {**state, "expect": {"verifier": {"revision": 2, "digest": "blake3:v2"}, "session": None}}
+    body = (await client.post(sequence.SEQUENCE_PATH, headers=AUTH, json={"calls": [right, *RESUME]})).json()
+    assert len(body["results"]) == 4 and vllm.seen[-1][0] == "/resume"
+    vllm.seen.clear()
+    wrong = {**state, "expect": {"verifier": {"revision": 2, "digest": "blake3:other"}}}
+    body = (await client.post(sequence.SEQUENCE_PATH, headers=AUTH, json={"calls": [wrong, *RESUME]})).json()
+    assert [p["status"] for p in body["results"]] == [200]
+    assert [p for p, _, _, _ in vllm.seen] == ["/collective_rpc"]  # nothing of the resume ran
+    assert sequence.failed("/collective_rpc", {"status": 200, "body": {"results": []}}, {"session": None})
