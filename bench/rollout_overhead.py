@@ -712,7 +712,16 @@ class Fleet:
         }
 
     def create_revision(self, revision: int, mode: str) -> str:
+        """A WeightRevision of the synthetic pair of ``revision``; with ``--digests pinned`` (the default) naming
+        both digests, as ``rolloutfleet.trainer`` publishes them (the synthetic weights' digests are known without
+        reading anything: ``synthetic_digest``)."""
+        from rolloutfleet.sim.weights import synthetic_digest
+
         name = f"step-{revision}"
+        verifier, draft = f"/synthetic/policy/step-{revision}/verifier", f"/synthetic/policy/step-{revision}/draft"
+        pair: dict[str, Any] = {"verifier": {"path": verifier}, "draft": {"path": draft}}
+        if self.args.digests == "pinned":
+            pair["verifier"]["digest"], pair["draft"]["digest"] = synthetic_digest(verifier), synthetic_digest(draft)
         self.custom.create_namespaced_custom_object(
             GROUP,
             VERSION,
@@ -725,8 +734,7 @@ class Fleet:
                 "spec": {
                     "fleetRef": {"name": FLEET},
                     "revision": revision,
-                    "verifier": {"path": f"/synthetic/policy/step-{revision}/verifier"},
-                    "draft": {"path": f"/synthetic/policy/step-{revision}/draft"},
+                    **pair,
                     "strategy": {"mode": mode},
                 },
             },
@@ -1013,6 +1021,7 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         "kube_connections": round(_delta(req1["connections"], req0["connections"]).get("kube", 0.0)),
         "engine_keep_alive_s": args.engine_keep_alive,
         "operator_cpu_pinned": args.operator_cpu,
+        "digests": args.digests,
         "kube_requests": round(sum(kube_req.values())),
         "kube_requests_per_pod": round(sum(kube_req.values()) / n, 3),
         "kube_requests_by_verb": kube_req,
@@ -1150,7 +1159,12 @@ def report(
         "`status.readyReplicas == n`). The rollout (AllAtOnce, or Rolling with `maxUnavailable: "
         f"{ROLLING_MAX_UNAVAILABLE}`) is patched into the fleet's `updateStrategy`; the mode (sleep or in-flight) "
         "is the revision's `spec.strategy.mode` override: the fleet's mode is in the pod template "
-        "(`--enable-sleep-mode`), so changing it would restart every pod. The fleet starts in sleep mode.",
+        "(`--enable-sleep-mode`), so changing it would restart every pod. The fleet starts in sleep mode. "
+        + (
+            "Each revision names both digests, as the trainer's publish does (`--digests pinned`)."
+            if args.digests == "pinned"
+            else "The revisions name no digest (`--digests none`): the operator verifies against the fleet's majority."
+        ),
         "Base step latencies (seconds): "
         + ", ".join(f"`{step}` {seconds:g}" for step, seconds in BASE_STEPS.items())
         + ". `uniform`: every engine gets them. `longtail`: per engine and "
@@ -1379,6 +1393,13 @@ def main() -> int:
         help="the fleet's VLLM_HTTP_TIMEOUT_KEEP_ALIVE (its spec.env, and the simulated engines'); vLLM's 5 s without",
     )
     parser.add_argument("--subnet-offset", type=int, default=0, help="first fake node's 127.1.<offset>.0/24")
+    parser.add_argument(
+        "--digests",
+        choices=("pinned", "none"),
+        default="pinned",
+        help="pinned (default): each revision names both digests, as the trainer's publish does; none: the "
+        "operator verifies against the fleet's majority (the bench's revisions until 2026-12-04)",
+    )
     parser.add_argument(
         "--operator-cpu",
         type=int,
