@@ -36,8 +36,16 @@ from rolloutfleet.adapters.engine import EngineClient, EnginePool, ResetPolicy, 
 from rolloutfleet.sim import EngineSpec, Latencies, SimulatedFleet
 
 
+def _target_id(release: str) -> str:
+    """``sim-vllm0.33``/``sim-vllm0.26``; against a real engine (``ROLLOUTFLEET_CONTRACT_URL``) the one that runs is
+    ``real-engine``, so that a GPU run's log does not read as the simulator's."""
+    if os.environ.get("ROLLOUTFLEET_CONTRACT_URL"):
+        return "real-engine" if release == "0.33" else "real-engine-once"
+    return f"sim-vllm{release}"
+
+
 # The simulator plays both vLLM releases the project meets: 0.33 (the image) and 0.26 (the lent GPU).
-@pytest.fixture(params=["0.33", "0.26"], ids=lambda v: f"sim-vllm{v}")
+@pytest.fixture(params=["0.33", "0.26"], ids=_target_id)
 async def target(tmp_path: pathlib.Path, request: pytest.FixtureRequest) -> AsyncIterator[Target]:
     url = os.environ.get("ROLLOUTFLEET_CONTRACT_URL")
     if url:
