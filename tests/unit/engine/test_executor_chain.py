@@ -258,3 +258,19 @@ async def test_an_image_that_holds_the_check_against_the_whole_body_gets_its_res
     state = await client.observe(deadline=5)
     assert state.paused and state.pair == (2, 2)
     assert not client.chains_resume
+
+
+async def test_an_inflight_rolling_update_is_one_request_too(
+    client: EngineClient, sim: SimulatedEngine, ckpts: Checkpoints, latencies: Latencies
+) -> None:
+    """In flight (no sleep: the weights are replaced in place while ``pause(keep)`` holds the requests), the
+    state the check expects after the loads (resident, both digests) is what the engine reports: the resume runs."""
+    goal = pinned_b(ckpts, sleep_mode=False)
+    known = await serving_admitted(client)
+    steps = transaction.chain(goal, known, Step.PAUSE, through_resume=True)
+    assert steps == (Step.PAUSE, Step.LOAD_VERIFIER, Step.LOAD_DRAFT, Step.RESUME)
+    latencies.calls.clear()
+    done = await executor.execute_chain(client, steps, goal, FAST, executor.SessionContext(known=known))
+    assert len(latencies.calls) == 1 and done[-1].result == executor.Resumed(admitted=True)
+    state = await client.observe(deadline=5)
+    assert state.serving and state.admitted is True and state.pair == (2, 2)
