@@ -35,7 +35,7 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from rolloutfleet.adapters import engine_wire
@@ -421,13 +421,19 @@ def _chained_resume(
         resumed = _resumed(engine, answer, rest, index + 1)
     except engine_wire.EngineError as exc:
         raise StepError(Step.RESUME, reason_of(exc), str(exc)) from exc
-    seconds = [p.get("seconds") for p in answer.parts[index:]]
-    timed = (
-        sum(float(t) for t in seconds if isinstance(t, int | float))
-        if all(isinstance(t, int | float) for t in seconds)
-        else None
-    )
-    return Done(Step.RESUME, timed, resumed)
+    return Done(Step.RESUME, _seconds(answer.parts[index:]), resumed)
+
+
+def _seconds(parts: Sequence[dict[str, Any]]) -> float | None:
+    """A step's time from its calls' answers in a sequence: the sum of their own ``seconds``, or None where an
+    engine did not time them."""
+    total = 0.0
+    for part in parts:
+        took = part.get("seconds")
+        if not isinstance(took, int | float):
+            return None
+        total += float(took)
+    return total
 
 
 async def _one_by_one(
@@ -487,7 +493,7 @@ async def execute_chain(
                 out.append(resumed)
             break
         results: list[LoadResult] = []
-        timed: float | None = 0.0
+        first = index
         for call, _ in each:
             if index >= len(answer.parts):
                 raise StepError(step, "EngineProtocolError", f"the sequence stopped before {call.step}")
@@ -504,9 +510,8 @@ async def execute_chain(
                     engine.part(answer, index, call)
             except engine_wire.EngineError as exc:
                 raise StepError(step, reason_of(exc), str(exc)) from exc
-            took = part.get("seconds")
-            timed = timed + float(took) if timed is not None and isinstance(took, int | float) else None
             index += 1
+        timed = _seconds(answer.parts[first:index])
         out.append(Done(step, timed, None if not results else results[0] if len(results) == 1 else tuple(results)))
     if all(done.seconds is None for done in out):  # an engine that does not time its calls: the load took it
         out[-1] = dataclasses.replace(out[-1], seconds=time.perf_counter() - started)
