@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import datetime
 import heapq
+import itertools
 import json
 import math
 import os
@@ -46,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import urllib.request
 from typing import Any
@@ -93,7 +95,7 @@ SOAK_REVISION_TIMEOUT_S = 120.0
 SOAK_SAMPLE_EVERY = 50
 PASS_LINE = re.compile(
     r"pass (?P<key>\S+): (?P<iterations>\d+) iterations, (?P<reads>\d+) engine reads in (?P<seconds>[0-9.]+)s"
-    r"(?:[^;\n]*; at (?P<marks>[^)\n]*)\))?"
+    r"(?:[^;\n]*; at (?P<marks>[^;)\n]*)(?:; started at monotonic (?P<clock>[0-9.]+))?\))?"
 )
 PASS_MARK = re.compile(r"(?P<phase>[a-z][a-z -]*) (?P<at>[0-9.]+)s")
 
@@ -468,6 +470,69 @@ def _machine_busy() -> float:
     return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def _roles(reading: dict[str, float]) -> dict[str, float]:
+    """A ``Fleet.cpu`` reading by role: the engine processes summed, the bench's own and the clock left out."""
+    out = {k: v for k, v in reading.items() if not k.startswith("engines.") and k not in ("t", "bench", "py-spy")}
+    out["engines"] = sum(v for k, v in reading.items() if k.startswith("engines."))
+    return out
+
+
+def _at(samples: list[dict[str, float]], when: float) -> dict[str, float]:
+    """The CPU seconds by role at ``when``, interpolated between the two readings around it (clamped)."""
+    later = next((i for i, s in enumerate(samples) if s["t"] >= when), len(samples) - 1)
+    a, b = samples[max(0, later - 1)], samples[later]
+    share = 0.0 if b["t"] <= a["t"] else min(1.0, max(0.0, (when - a["t"]) / (b["t"] - a["t"])))
+    ra, rb = _roles(a), _roles(b)
+    return {k: ra.get(k, 0.0) + share * (rb.get(k, 0.0) - ra.get(k, 0.0)) for k in rb}
+
+
+def cpu_by_phase(samples: list[dict[str, float]], start: float, phases: dict[str, float]) -> list[dict[str, Any]]:
+    """How many cores each role kept busy between consecutive phases of a pass (``--cpu-timeline``).
+
+    ``samples``: ``Fleet.cpu`` readings taken every few tens of milliseconds, each with its monotonic ``t``;
+    ``start``: the pass's start on the same clock (its log line); ``phases``: seconds from it. Each window's
+    rate is the difference of the readings interpolated at its ends, over its length: /proc counts in clock
+    ticks (10 ms), so a window of a tenth of a second is good to about a tenth of a core per process.
+    """
+    if len(samples) < 2:
+        return []
+    bounds = [("pass start", 0.0), *sorted(phases.items(), key=lambda p: p[1])]
+    out = []
+    for (first, a), (second, b) in itertools.pairwise(bounds):
+        if b <= a:
+            continue
+        before, after = _at(samples, start + a), _at(samples, start + b)
+        cores = {k: round((after[k] - before.get(k, 0.0)) / (b - a), 2) for k in after}
+        out.append({"from": first, "to": second, "seconds": round(b - a, 3), "cores": cores})
+    return out
+
+
+class CpuTimeline:
+    """``Fleet.cpu`` read every ``interval`` seconds on a thread while a scenario runs (``--cpu-timeline``):
+    what each process did in each phase of the pass, not only in the whole revision."""
+
+    def __init__(self, fleet: Fleet, interval: float) -> None:
+        self.fleet, self.interval = fleet, interval
+        self.samples: list[dict[str, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-timeline", daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append(self.fleet.cpu())
+            if self._stop.wait(self.interval):
+                self.samples.append(self.fleet.cpu())
+                return
+
+    def __enter__(self) -> CpuTimeline:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def _rss_mb(pid: int) -> tuple[float, float]:
     """(VmHWM, VmRSS) in MB: the peak since start or since ``_reset_peak``, and now."""
     text = pathlib.Path(f"/proc/{pid}/status").read_text()
@@ -695,7 +760,7 @@ class Fleet:
     def log_offset(self) -> int:
         return self.log_path.stat().st_size
 
-    def passes(self, offset: int, key: str) -> dict[str, float]:
+    def passes(self, offset: int, key: str) -> dict[str, Any]:
         """The operator's pass log lines for one revision since ``offset``: count, iterations, engine reads."""
         with self.log_path.open("rb") as f:
             f.seek(offset)
@@ -709,6 +774,8 @@ class Fleet:
             "seconds": round(sum(float(m["seconds"]) for m in found), 2),
             # When the last pass reached each phase, seconds from its start (the operator's own log line).
             "phases": {m["phase"]: float(m["at"]) for m in PASS_MARK.finditer(last_marks)},
+            # That start on the machine's monotonic clock (None from operators before 2026-12-04's stop 46).
+            "started_monotonic": float(found[-1]["clock"]) if found and found[-1]["clock"] else None,
         }
 
     def create_revision(self, revision: int, mode: str) -> str:
@@ -962,10 +1029,12 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         offset = fleet.log_offset()
         peak_reset = _reset_peak(fleet.operator.pid)
         req0, cpu0 = _request_counts(fleet.metrics_port), fleet.cpu(spy.pid if spy else None)
-        t0 = time.monotonic()
-        name = fleet.create_revision(revision, scenario.mode)
-        status = fleet.await_revision(name, REVISION_TIMEOUT_S)
-        total = time.monotonic() - t0
+        with contextlib.ExitStack() as sampling:
+            timeline = sampling.enter_context(CpuTimeline(fleet, args.cpu_timeline)) if args.cpu_timeline > 0 else None
+            t0 = time.monotonic()
+            name = fleet.create_revision(revision, scenario.mode)
+            status = fleet.await_revision(name, REVISION_TIMEOUT_S)
+            total = time.monotonic() - t0
         cpu1, req1 = fleet.cpu(spy.pid if spy else None), _request_counts(fleet.metrics_port)
         peak, rss = _rss_mb(fleet.operator.pid)
     finally:
@@ -982,6 +1051,7 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         else None
     )
     replaced = len({uid for _, _, uid in pods} - {uid for _, _, uid in fleet.pods()})
+    passes = fleet.passes(offset, name)
     cpu = {k: round(cpu1.get(k, 0.0) - cpu0.get(k, 0.0), 2) for k in cpu1}
     wall = cpu.pop("t")
     machine = cpu.pop("machine")
@@ -1037,7 +1107,10 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
             "machine_busy": round(machine, 2),
             "wall": round(wall, 2),
         },
-        "operator_passes": fleet.passes(offset, name),
+        "operator_passes": passes,
+        "cpu_by_phase": cpu_by_phase(timeline.samples, passes["started_monotonic"], passes["phases"])
+        if timeline is not None and passes["started_monotonic"] is not None
+        else None,
         "timings": status.get("timings"),
         "stragglers": stragglers,
         "pods_replaced": replaced,
@@ -1132,6 +1205,33 @@ def run_soak(fleet: Fleet, revisions: int, first_revision: int, keep: int | None
 
 def _fmt(value: Any) -> str:
     return "" if value is None else str(value)
+
+
+PHASE_ROLES = ("operator", "kube-apiserver", "etcd", "other control plane", "engines", "machine")
+
+
+def phase_cpu_tables(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown: per scenario run with ``--cpu-timeline``, the cores each role kept busy in each phase."""
+    timed = [r for r in rows if r.get("cpu_by_phase")]
+    if not timed:
+        return []
+    lines = [
+        "",
+        "## Cores busy per phase of the pass (`--cpu-timeline`: /proc read on a thread of the bench, interpolated "
+        "at the pass's phases)",
+    ]
+    for r in timed:
+        lines += [
+            "",
+            f"{r['pods']} pods, {r['scenario']}:",
+            "",
+            "| from | to | seconds | " + " | ".join(PHASE_ROLES) + " |",
+            "|---|---|---:|" + "---:|" * len(PHASE_ROLES),
+        ]
+        for w in r["cpu_by_phase"]:
+            cells = [w["from"], w["to"], w["seconds"], *(w["cores"].get(role, 0.0) for role in PHASE_ROLES)]
+            lines.append("| " + " | ".join(_fmt(v) for v in cells) + " |")
+    return lines
 
 
 def report(
@@ -1249,6 +1349,7 @@ def report(
                 c["rest of machine"],
             ]
             lines.append("| " + " | ".join(_fmt(v) for v in cells) + " |")
+    lines += phase_cpu_tables(rows)
     profiled = [r for r in rows if r.get("profile")]
     if any(r["profile"].get("native") for r in profiled):
         lines += [
@@ -1406,6 +1507,14 @@ def main() -> int:
         default=None,
         help="run the operator on this core alone and everything else (this bench, the control plane, the "
         "engines) on the others: a dedicated core, as a Guaranteed pod gets from the kubelet's static CPU manager",
+    )
+    parser.add_argument(
+        "--cpu-timeline",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="read every process's CPU this often during each revision and report the cores each kept busy "
+        "between the pass's phases (cpu_by_phase in the JSON rows; e.g. 0.05)",
     )
     parser.add_argument("--out", default="bench/results/rollout_overhead.md")
     parser.add_argument("--json", default=str(pathlib.Path(tempfile.gettempdir()) / "rollout_overhead.json"))

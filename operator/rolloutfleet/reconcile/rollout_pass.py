@@ -245,7 +245,7 @@ class RolloutPass:
             t = self.timing
             log.info(
                 "pass %s: %d iterations, %d engine reads in %.2fs (observe %.2fs, waiting on steps %.2fs, "
-                "status %.2fs; at %s)",
+                "status %.2fs; at %s; started at monotonic %.3f)",
                 self.key,
                 t["iterations"],
                 self.reads,
@@ -254,6 +254,9 @@ class RolloutPass:
                 t["steps"],
                 t["status"],
                 ", ".join(f"{phase} {at:.2f}s" for phase, at in sorted(self.marks.items(), key=lambda m: m[1])) or "-",
+                # The host's monotonic clock (one per machine): a benchmark lines the phases up with what it
+                # sampled of other processes in the same time (bench/rollout_overhead.py --cpu-timeline).
+                t["start"],
             )
 
     def _mark(self, phase: str, *, again: bool = False) -> None:

@@ -43,6 +43,43 @@ def test_the_pass_line_s_phases_are_read_and_older_lines_still_parse() -> None:
     assert [m["key"] for m in lines] == ["step-1", "step-2"] and lines[1]["marks"] is None
     phases = {m["phase"]: float(m["at"]) for m in bench.PASS_MARK.finditer(lines[0]["marks"])}
     assert phases == {"pre-flight": 0.4, "first step": 0.52, "last step ended": 4.1, "succeeded": 4.75}
+    assert lines[0]["clock"] is None
+
+
+def test_the_pass_line_s_start_on_the_machine_s_clock_is_read_apart_from_its_phases() -> None:
+    """``--cpu-timeline`` lines the phases up with /proc readings through the pass's monotonic start; the start
+    must not read as a phase (the phases' windows would end at an hour's uptime)."""
+    line = (
+        "pass step-1: 300 iterations, 2048 engine reads in 4.75s (observe 0.16s, waiting on steps 4.1s, status 0.02s;"
+        " at pre-flight 0.40s, succeeded 4.75s; started at monotonic 81234.567)\n"
+    )
+    found = bench.PASS_LINE.search(line)
+    assert found is not None and found["clock"] == "81234.567"
+    assert {m["phase"] for m in bench.PASS_MARK.finditer(found["marks"])} == {"pre-flight", "succeeded"}
+
+
+def test_cpu_by_phase_gives_each_role_s_cores_between_the_pass_s_phases() -> None:
+    """Readings every 0.1 s of an operator busy one core until 1 s into the pass, then half a core; four engine
+    processes a quarter of a core each. The windows are cut at the phases (interpolated between readings), so
+    the operator's two rates and the engines' sum come back per window, whatever the readings' spacing."""
+    start = 1000.0
+
+    def reading(t: float) -> dict[str, float]:
+        busy = min(t, 1.0) + 0.5 * max(0.0, t - 1.0)
+        engines = {f"engines.{i}": 0.25 * t for i in range(4)}
+        return {"t": start + t, "operator": busy, "kube-apiserver": 2.0 * t, "bench": 9.0, **engines}
+
+    samples = [reading(0.1 * i - 0.5) for i in range(0, 36)]  # from before the pass to 3 s into it
+    windows = bench.cpu_by_phase(samples, start, {"pre-flight": 0.25, "first step": 1.0, "succeeded": 2.5})
+    assert [(w["from"], w["to"], w["seconds"]) for w in windows] == [
+        ("pass start", "pre-flight", 0.25),
+        ("pre-flight", "first step", 0.75),
+        ("first step", "succeeded", 1.5),
+    ]
+    assert [w["cores"]["operator"] for w in windows] == [1.0, 1.0, 0.5]
+    assert all(w["cores"]["engines"] == 1.0 and w["cores"]["kube-apiserver"] == 2.0 for w in windows)
+    assert all("bench" not in w["cores"] for w in windows)
+    assert bench.cpu_by_phase(samples[:1], start, {"succeeded": 2.5}) == []
 
 
 def test_a_native_profile_counts_the_loop_thread_s_work_and_tells_its_waits_apart() -> None:
