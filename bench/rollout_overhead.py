@@ -583,6 +583,53 @@ def _request_counts(port: int) -> dict[str, dict[str, float]]:
     return {"engine": dict(engine), "kube": dict(kube), "gc": gc_seconds, "connections": connections}
 
 
+# What the API server itself counts (its /metrics): every client's requests, not only the operator's, and
+# the watch events it sent: (metric, the labels that key it).
+SERVER_METRICS = {
+    "apiserver_request_total": ("verb", "resource", "subresource"),
+    "apiserver_request_duration_seconds_sum": ("verb", "resource", "subresource"),
+    "apiserver_watch_events_total": ("kind", "resource"),
+    "apiserver_watch_events_sizes_sum": ("kind", "resource"),
+}
+
+
+def server_counts(text: str) -> dict[str, float]:
+    """``SERVER_METRICS`` from the API server's /metrics text, summed by their keys: ``metric verb/resource/sub``."""
+    out: dict[str, float] = collections.defaultdict(float)
+    for match in re.finditer(r"^([a-z_]+)\{([^}]*)\} (\S+)$", text, re.M):
+        keys = SERVER_METRICS.get(match.group(1))
+        if keys is None:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
+        key = "/".join(labels[k] for k in keys if labels.get(k))
+        out[f"{match.group(1)} {key}"] += float(match.group(3))
+    return dict(out)
+
+
+def _server_metrics(local: Any) -> dict[str, float]:
+    raw = local.request("GET", "/metrics")
+    return server_counts(raw if isinstance(raw, str) else "")
+
+
+def _apiserver_profile(local: Any, seconds: int, path: pathlib.Path) -> threading.Thread:
+    """The API server's CPU profile (Go pprof) over the next ``seconds``, written to ``path`` by a thread."""
+
+    def fetch() -> None:
+        req = urllib.request.Request(
+            f"{local.server}/debug/pprof/profile?seconds={seconds}",
+            headers={"Authorization": f"Bearer {local.pki.admin_token()}"},
+        )
+        try:
+            with urllib.request.urlopen(req, context=local.ssl_context(), timeout=seconds + 60) as resp:
+                path.write_bytes(resp.read())
+        except OSError as exc:
+            _log(f"apiserver profile: {exc}")
+
+    thread = threading.Thread(target=fetch, name="apiserver-profile", daemon=True)
+    thread.start()
+    return thread
+
+
 def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
     keys = set(after) | set(before)
     return {k: round(after.get(k, 0.0) - before.get(k, 0.0), 3) for k in sorted(keys) if after.get(k) != before.get(k)}
@@ -855,7 +902,13 @@ def start_fleet(n: int, args: argparse.Namespace, tmp: pathlib.Path, stack: cont
 
     nodes, gpus = _cluster_sizing(n, args.subnet_offset)
     local = cluster.Cluster(
-        tmp, name=f"bench{n}", nodes=nodes, gpus_per_node=gpus, subnet_offset=args.subnet_offset, tie_to_parent=True
+        tmp,
+        name=f"bench{n}",
+        nodes=nodes,
+        gpus_per_node=gpus,
+        subnet_offset=args.subnet_offset,
+        tie_to_parent=True,
+        apiserver_profiling=args.apiserver_profile > 0,
     )
     stack.callback(local.stop)
     local.start()
@@ -1029,6 +1082,9 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         offset = fleet.log_offset()
         peak_reset = _reset_peak(fleet.operator.pid)
         req0, cpu0 = _request_counts(fleet.metrics_port), fleet.cpu(spy.pid if spy else None)
+        server0 = _server_metrics(fleet.local)
+        pprof = pathlib.Path(tempfile.gettempdir()) / f"rf-bench-apiserver-{n}-{index}-{scenario.name}.pprof"
+        profiling = _apiserver_profile(fleet.local, args.apiserver_profile, pprof) if args.apiserver_profile else None
         with contextlib.ExitStack() as sampling:
             timeline = sampling.enter_context(CpuTimeline(fleet, args.cpu_timeline)) if args.cpu_timeline > 0 else None
             t0 = time.monotonic()
@@ -1036,6 +1092,9 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
             status = fleet.await_revision(name, REVISION_TIMEOUT_S)
             total = time.monotonic() - t0
         cpu1, req1 = fleet.cpu(spy.pid if spy else None), _request_counts(fleet.metrics_port)
+        server = _delta(_server_metrics(fleet.local), server0)
+        if profiling is not None:
+            profiling.join()
         peak, rss = _rss_mb(fleet.operator.pid)
     finally:
         if spy is not None:
@@ -1095,6 +1154,9 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         "kube_requests": round(sum(kube_req.values())),
         "kube_requests_per_pod": round(sum(kube_req.values()) / n, 3),
         "kube_requests_by_verb": kube_req,
+        # Every client's requests and the watch events as the API server counted them (``SERVER_METRICS``).
+        "apiserver": server,
+        "apiserver_profile": str(pprof) if profiling is not None and pprof.exists() else None,
         "cpu_split_s": {
             "operator": cpu["operator"],
             "engines": engines,
@@ -1515,6 +1577,14 @@ def main() -> int:
         metavar="SECONDS",
         help="read every process's CPU this often during each revision and report the cores each kept busy "
         "between the pass's phases (cpu_by_phase in the JSON rows; e.g. 0.05)",
+    )
+    parser.add_argument(
+        "--apiserver-profile",
+        type=int,
+        default=0,
+        metavar="SECONDS",
+        help="start the API server with profiling and take its CPU profile (Go pprof) over the first SECONDS of "
+        "each revision, into the temporary directory (rf-bench-apiserver-*.pprof; `go tool pprof -top` reads it)",
     )
     parser.add_argument("--out", default="bench/results/rollout_overhead.md")
     parser.add_argument("--json", default=str(pathlib.Path(tempfile.gettempdir()) / "rollout_overhead.json"))

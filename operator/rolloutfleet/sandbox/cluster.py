@@ -136,6 +136,7 @@ class Cluster:
         subnet_offset: int = 0,
         tie_to_parent: bool = False,
         progress: Callable[[str], None] = _stderr,
+        apiserver_profiling: bool = False,
     ) -> None:
         self.directory = directory
         self.name = name
@@ -145,6 +146,9 @@ class Cluster:
         self.subnet_offset = subnet_offset
         self.tie_to_parent = tie_to_parent
         self.progress = progress
+        # The API server's /debug/pprof for benchmarks that ask where its CPU goes (bench/rollout_overhead.py
+        # --apiserver-profile); off otherwise, as on a production control plane.
+        self.apiserver_profiling = apiserver_profiling
         self._popens: dict[str, subprocess.Popen[bytes]] = {}
 
     @classmethod
@@ -367,7 +371,7 @@ class Cluster:
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             # No Endpoints for the `kubernetes` Service: nothing may ever dial a non-loopback address.
             "--endpoint-reconciler-type=none",
-            "--allow-privileged=true", "--profiling=false",
+            "--allow-privileged=true", f"--profiling={str(self.apiserver_profiling).lower()}",
         ])  # fmt: skip
         self._await("kube-apiserver", lambda: self.request("GET", "/readyz") == "ok", deadline)
         self._write_configs(ports)

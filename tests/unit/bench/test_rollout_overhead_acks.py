@@ -102,3 +102,28 @@ def test_a_native_profile_counts_the_loop_thread_s_work_and_tells_its_waits_apar
     set_gate, loop_itself = "set_gate (rolloutfleet/reconcile/gates.py)", "Runner.run (asyncio/runners.py)"
     assert dict(profile["self"]) == {set_gate: 60.0, loop_itself: 40.0}
     assert dict(profile["own_inclusive"]) == {set_gate: 60.0}
+
+
+def test_server_counts_key_the_api_server_s_own_metrics_by_request_and_watched_kind() -> None:
+    """The API server's side of a revision (every client's requests and the watch events it sent) from its
+    /metrics text: response codes and other labels summed away, other metrics ignored, empty labels dropped."""
+    text = "\n".join(
+        [
+            "# HELP apiserver_request_total Counter of apiserver requests",
+            'apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="pods",'
+            'scope="resource",subresource="status",verb="PATCH",version="v1"} 2048',
+            'apiserver_request_total{code="409",component="apiserver",dry_run="",group="",resource="pods",'
+            'scope="resource",subresource="status",verb="PATCH",version="v1"} 3',
+            'apiserver_request_total{code="200",component="apiserver",group="rolloutfleet.io",resource="rolloutfleets",'
+            'scope="namespace",subresource="",verb="WATCH",version="v1alpha1"} 2',
+            'apiserver_watch_events_total{group="",kind="Pod",version="v1"} 9000',
+            'apiserver_watch_events_sizes_sum{group="",kind="Pod",version="v1"} 2.5e+07',
+            'apiserver_storage_objects{resource="pods"} 1024',
+        ]
+    )
+    assert bench.server_counts(text) == {
+        "apiserver_request_total PATCH/pods/status": 2051.0,
+        "apiserver_request_total WATCH/rolloutfleets": 2.0,
+        "apiserver_watch_events_total Pod": 9000.0,
+        "apiserver_watch_events_sizes_sum Pod": 2.5e7,
+    }
