@@ -111,6 +111,11 @@ class Metrics:
             "TLS connections the operator opened to the Kubernetes API for its requests (watches aside).",
             registry=r,
         )
+        self.kube_throttled = prom.Counter(
+            "rolloutfleet_kube_throttled_total",
+            "Answers of 429 Too Many Requests from the Kubernetes API that the operator waited out and sent again.",
+            registry=r,
+        )
         self.kube_requests = prom.Counter(
             "rolloutfleet_kube_api_requests_total",
             "Requests from the reconcilers to the Kubernetes API.",

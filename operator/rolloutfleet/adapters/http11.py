@@ -62,6 +62,7 @@ class Response:
     reason: str
     content_type: str
     body: bytes
+    retry_after: str = ""  # the Retry-After header as sent (the API server's 429s: ``adapters.kube_http``)
 
     def text(self) -> str:
         # The engines and the API server answer JSON and text in UTF-8.
@@ -97,6 +98,7 @@ class _Connection(asyncio.Protocol):
         self._status = 0
         self._reason = ""
         self._content_type = ""
+        self._retry_after = ""
         self._keep_alive = True
         self._length: int | None = None  # bytes of body expected; None: chunked or to the end
         self._chunked = False
@@ -206,6 +208,8 @@ class _Connection(asyncio.Protocol):
                 self._content_type = value.split(";", 1)[0].strip().lower()
             elif name == "connection":
                 connection = value.strip().lower()
+            elif name == "retry-after":
+                self._retry_after = value.strip()
         self._keep_alive = connection != "close" and version != "HTTP/1.0"
         if self._head_request or status in _NO_BODY_STATUSES:
             self._length = 0
@@ -270,7 +274,7 @@ class _Connection(asyncio.Protocol):
             self._chunk_left = -1
 
     def _response(self) -> Response:
-        return Response(self._status, self._reason, self._content_type, bytes(self._body))
+        return Response(self._status, self._reason, self._content_type, bytes(self._body), self._retry_after)
 
 
 def _expire(waiter: asyncio.Future[Response]) -> None:

@@ -143,11 +143,16 @@ class Kube:
         self.requests = 0  # API requests issued, for the rollout benchmark's per-pod accounting
         self.on_request: Callable[[str], None] | None = None  # metrics hook: called with the verb
         self.on_connect: Callable[[], None] | None = None  # metrics hook: a connection to the API server opened
+        self.on_throttle: Callable[[], None] | None = None  # metrics hook: a 429 waited out and sent again
         self._event_warned = False
 
     def _connected(self) -> None:
         if self.on_connect is not None:
             self.on_connect()
+
+    def _throttled(self, _seconds: float) -> None:
+        if self.on_throttle is not None:
+            self.on_throttle()
 
     @classmethod
     def from_environment(
@@ -268,6 +273,7 @@ class Kube:
         if self._http is None:
             configuration = (self._api_client or k8s_client.ApiClient()).configuration
             self._http = KubeHTTP(configuration, limit=self._in_flight, on_connect=self._connected)
+            self._http.on_throttle = self._throttled
         try:
             return await self._http.request(
                 method,

@@ -45,6 +45,24 @@ JSON = "application/json"
 METADATA_ONLY = f"{JSON};as=PartialObjectMetadata;g=meta.k8s.io;v=v1,{JSON}"
 
 
+# A 429 Too Many Requests is the API server turning a request away before running it (API Priority and
+# Fairness' queues are full, or its in-flight limit): safe to send again, a PATCH too, as client-go does. Each is
+# waited out as its Retry-After says, ``THROTTLED_WAIT_SECONDS`` when it does not (client-go's wait too), at
+# most ``THROTTLED_WAIT_MAX_SECONDS``, up to ``THROTTLED_RETRIES`` times within the request's own timeout.
+THROTTLED_RETRIES = 5
+THROTTLED_WAIT_SECONDS = 1.0
+THROTTLED_WAIT_MAX_SECONDS = 10.0
+
+
+def retry_after(value: str) -> float:
+    """The seconds a 429's Retry-After asks for (delta-seconds; a date or nothing: ``THROTTLED_WAIT_SECONDS``)."""
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return THROTTLED_WAIT_SECONDS
+    return min(max(seconds, 0.0), THROTTLED_WAIT_MAX_SECONDS)
+
+
 class KubeHTTPError(RuntimeError):
     """A request that failed; ``status`` is the HTTP status, 0 when none was received."""
 
@@ -93,6 +111,7 @@ class KubeHTTP:
             server_hostname=self._route()["server_hostname"],
         )
         self._auth: tuple[float, dict[str, str]] | None = None  # (read at, headers): see ``_auth_headers``
+        self.on_throttle: Callable[[float], None] | None = None  # metrics hook: a 429 waited out (its seconds)
 
     def _headers(self, content_type: str | None, accept: str = JSON) -> dict[str, str]:
         headers = {"Accept": accept, "User-Agent": "rolloutfleet-operator"}
@@ -156,8 +175,21 @@ class KubeHTTP:
         data = None if body is None else msgspec.json.encode(body)
         accept = METADATA_ONLY if metadata_only or not decode else JSON
         headers = self._headers(content_type if data is not None else None, accept)
-        async with self._slots:
-            raw, status, reason = await self._exchange(method, path, params, data, headers, timeout)
+        deadline: float | None = None
+        for attempt in range(THROTTLED_RETRIES + 1):
+            async with self._slots:  # not held while a 429 is waited out: other requests go meanwhile
+                if deadline is None:  # from the first slot on, as before (see ``_slots``)
+                    deadline = time.monotonic() + timeout
+                left = max(deadline - time.monotonic(), 0.001)
+                raw, status, reason, wait_header = await self._exchange(method, path, params, data, headers, left)
+            if status != 429 or attempt == THROTTLED_RETRIES:
+                break
+            wait = retry_after(wait_header)
+            if time.monotonic() + wait >= deadline:
+                break
+            if self.on_throttle is not None:
+                self.on_throttle(wait)
+            await asyncio.sleep(wait)
         if not 200 <= status < 300:
             raise KubeHTTPError(status, _message(raw.decode("utf-8", "replace"), reason))
         if not decode:
@@ -172,8 +204,9 @@ class KubeHTTP:
         data: bytes | None,
         headers: dict[str, str],
         timeout: float,  # noqa: ASYNC109 - the request's own bound, passed to the client
-    ) -> tuple[bytes, int, str]:
-        """The answer's body, status and reason: through http11, or aiohttp when a proxy is configured."""
+    ) -> tuple[bytes, int, str, str]:
+        """The answer's body, status, reason and Retry-After: through http11, or aiohttp when a proxy is
+        configured."""
         try:
             if not self.configuration.proxy:
                 target = self._prefix + path + ("?" + urllib.parse.urlencode(params) if params else "")
@@ -186,7 +219,7 @@ class KubeHTTP:
                     total=timeout,
                     connect=min(timeout, CONNECT_SECONDS),
                 )
-                return resp.body, resp.status, resp.reason
+                return resp.body, resp.status, resp.reason, resp.retry_after
             async with self._open().request(
                 method,
                 self.base + path,
@@ -197,7 +230,7 @@ class KubeHTTP:
                 **self._route(),
             ) as answer:
                 # Read to the end either way: the connection goes back to the pool.
-                return await answer.read(), answer.status, answer.reason or ""
+                return await answer.read(), answer.status, answer.reason or "", answer.headers.get("Retry-After", "")
         except TimeoutError as exc:
             raise KubeHTTPError(0, f"no answer in {timeout:g}s: {method} {path}") from exc
         except (http11.NotSent, http11.Lost, aiohttp.ClientError) as exc:

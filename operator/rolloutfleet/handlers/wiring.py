@@ -65,6 +65,7 @@ async def configure(
     kube = Kube.from_environment(os.environ.get("KUBECONFIG"))
     kube.on_request = lambda verb: metrics.kube_request_counts(verb).inc()
     kube.on_connect = metrics.kube_connections.inc
+    kube.on_throttle = metrics.kube_throttled.inc
     memo.ctx = OperatorContext(
         kube=kube,
         metrics=metrics,

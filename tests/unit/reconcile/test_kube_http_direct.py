@@ -17,7 +17,7 @@ import ssl
 import pytest
 from kubernetes import client as k8s_client
 
-from rolloutfleet.adapters import kube
+from rolloutfleet.adapters import kube, kube_http
 from rolloutfleet.adapters.kube_http import METADATA_ONLY, KubeHTTP, KubeHTTPError
 from rolloutfleet.sandbox import certs
 
@@ -136,3 +136,99 @@ def test_the_requests_in_flight_come_from_the_environment(monkeypatch: pytest.Mo
         monkeypatch.setenv(kube.IN_FLIGHT_ENV, bad)
         with pytest.raises(ValueError, match=kube.IN_FLIGHT_ENV):
             kube.in_flight_from_environment()
+
+
+def throttled(retry_after: str | None) -> bytes:
+    """The API server's answer when API Priority and Fairness (or its in-flight limit) turns a request away."""
+    raw = json.dumps({"kind": "Status", "message": "Too many requests, please try again later.", "code": 429}).encode()
+    extra = b"" if retry_after is None else b"Retry-After: %s\r\n" % retry_after.encode()
+    return b"HTTP/1.1 429 Too Many Requests\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        extra,
+        len(raw),
+        raw,
+    )
+
+
+async def serve(pki: certs.Pki, answers: list[bytes], seen: list[bytes]) -> tuple[asyncio.Server, KubeHTTP]:
+    """A TLS server answering ``answers`` in turn (one per request, the last one for ever), and a client to it."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.startswith(b"Content-Length")),
+                    0,
+                )
+                if length:
+                    await reader.readexactly(length)
+                seen.append(head)
+                writer.write(answers.pop(0) if len(answers) > 1 else answers[0])
+                await writer.drain()
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(pki.server_cert, pki.server_key)
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=context)
+    configuration = k8s_client.Configuration()
+    configuration.host = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    configuration.ssl_ca_cert = str(pki.ca_cert)
+    return server, KubeHTTP(configuration, limit=2)
+
+
+async def test_a_throttled_request_waits_as_told_and_goes_again(pki: certs.Pki) -> None:
+    """429 is the API server turning a request away before running it (API Priority and Fairness' queues are
+    full, or its in-flight limit): safe to send again, a PATCH too, as client-go does. With 64 of the operator's
+    requests in flight a busy control plane answers so; a gate write given up on the first 429 would leave the
+    pod out of the Service until the pass's next sync. Each wait is counted (rolloutfleet_kube_throttled_total)."""
+    seen: list[bytes] = []
+    server, http = await serve(pki, [throttled("0"), throttled(None), answer(200, {"kind": "Pod"})], seen)
+    waits: list[float] = []
+    http.on_throttle = waits.append
+    try:
+        patched = await http.request(
+            "PATCH",
+            "/api/v1/namespaces/ns/pods/p-1/status",
+            body={"status": {}},
+            content_type="application/strategic-merge-patch+json",
+            timeout=10,
+        )
+    finally:
+        await http.close()
+        server.close()
+    assert patched == {"kind": "Pod"}
+    assert len(seen) == 3 and all(head.startswith(b"PATCH /api/v1/namespaces/ns/pods/p-1/status ") for head in seen)
+    assert waits == [0.0, kube_http.THROTTLED_WAIT_SECONDS]  # as told; 1 s when the answer does not say
+
+
+async def test_throttling_that_outlasts_the_request_is_its_error(pki: certs.Pki) -> None:
+    """A 429 whose wait would end past the request's own timeout, or one more than ``THROTTLED_RETRIES``, is the
+    caller's error with the server's message (the pass logs it and its next sync writes the gate again)."""
+    seen: list[bytes] = []
+    server, http = await serve(pki, [throttled("30")], seen)
+    try:
+        with pytest.raises(KubeHTTPError) as err:
+            await http.request("GET", "/api/v1/namespaces/ns/pods", timeout=5)
+    finally:
+        await http.close()
+        server.close()
+    assert err.value.status == 429 and "Too many requests" in str(err.value) and len(seen) == 1
+
+    seen.clear()
+    server, http = await serve(pki, [throttled("0")], seen)
+    try:
+        with pytest.raises(KubeHTTPError) as err:
+            await http.request("GET", "/api/v1/namespaces/ns/pods", timeout=5)
+    finally:
+        await http.close()
+        server.close()
+    assert err.value.status == 429 and len(seen) == kube_http.THROTTLED_RETRIES + 1
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [("3", 3.0), (" 0 ", 0.0), ("", 1.0), ("Wed, 21 Oct 2026 07:28:00 GMT", 1.0), ("-4", 0.0), ("3600", 10.0)],
+)
+def test_retry_after_is_read_as_seconds_with_a_default_and_a_cap(header: str, seconds: float) -> None:
+    """Retry-After in seconds, as the API server sends it; a date or nothing: 1 s, as client-go waits; never
+    more than ``THROTTLED_WAIT_MAX_SECONDS`` (a request's timeout is 30 s: one wait must leave room to go again)."""
+    assert kube_http.retry_after(header) == seconds
