@@ -8,7 +8,7 @@ twice per revision: out of the Service before the pause, back in after the resum
 It starts the local control plane with enough fake 8-GPU nodes, creates the operator's own StatefulSet for
 an ``--pods``-pod fleet (``resources.children.build_statefulset``, so the pods are the size the operator's
 pods are), waits until every pod is Running, then flips every pod's gate ``--rounds`` times each way with
-each patch type, 16 requests in flight (the operator's own concurrency is of that order), and reads every
+each patch type, 16 requests in flight (the operator's own limit until 2026-12-04; 64 since), and reads every
 control-plane process's CPU from /proc before and after (1.5 s after the last answer, so the watchers'
 reactions are counted). Patch types: a strategic merge of the one condition (what the operator sends,
 conditions merge by ``type``) and a JSON patch that tests the uid and the condition's index, then replaces
