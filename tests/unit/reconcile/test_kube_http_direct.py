@@ -29,6 +29,16 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> certs.Pki:
     return certs.ensure_pki(tmp_path_factory.mktemp("pki"), "10.0.0.1")  # the IP is never dialled
 
 
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One request off a connection: its head and its body (as long as its Content-Length says)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.startswith(b"Content-Length")),
+        0,
+    )
+    return head, (await reader.readexactly(length) if length else b"")
+
+
 def answer(status: int, body: object) -> bytes:
     raw = json.dumps(body).encode()
     return b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
@@ -49,12 +59,7 @@ async def test_requests_keep_credentials_prefix_query_and_errors(pki: certs.Pki,
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
             while answers:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.startswith(b"Content-Length")),
-                    0,
-                )
-                seen.append((head, await reader.readexactly(length) if length else b""))
+                seen.append(await read_request(reader))
                 writer.write(answers.pop(0))
                 await writer.drain()
         writer.close()
@@ -155,14 +160,7 @@ async def serve(pki: certs.Pki, answers: list[bytes], seen: list[bytes]) -> tupl
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.startswith(b"Content-Length")),
-                    0,
-                )
-                if length:
-                    await reader.readexactly(length)
-                seen.append(head)
+                seen.append((await read_request(reader))[0])
                 writer.write(answers.pop(0) if len(answers) > 1 else answers[0])
                 await writer.drain()
 
@@ -200,28 +198,25 @@ async def test_a_throttled_request_waits_as_told_and_goes_again(pki: certs.Pki) 
     assert waits == [0.0, kube_http.THROTTLED_WAIT_SECONDS]  # as told; 1 s when the answer does not say
 
 
-async def test_throttling_that_outlasts_the_request_is_its_error(pki: certs.Pki) -> None:
+@pytest.mark.parametrize(
+    ("retry_after", "requests"),
+    [("30", 1), ("0", kube_http.THROTTLED_RETRIES + 1)],
+    ids=["the wait outlasts the timeout", "one 429 more than the retries"],
+)
+async def test_throttling_that_outlasts_the_request_is_its_error(
+    pki: certs.Pki, retry_after: str, requests: int
+) -> None:
     """A 429 whose wait would end past the request's own timeout, or one more than ``THROTTLED_RETRIES``, is the
     caller's error with the server's message (the pass logs it and its next sync writes the gate again)."""
     seen: list[bytes] = []
-    server, http = await serve(pki, [throttled("30")], seen)
+    server, http = await serve(pki, [throttled(retry_after)], seen)
     try:
         with pytest.raises(KubeHTTPError) as err:
             await http.request("GET", "/api/v1/namespaces/ns/pods", timeout=5)
     finally:
         await http.close()
         server.close()
-    assert err.value.status == 429 and "Too many requests" in str(err.value) and len(seen) == 1
-
-    seen.clear()
-    server, http = await serve(pki, [throttled("0")], seen)
-    try:
-        with pytest.raises(KubeHTTPError) as err:
-            await http.request("GET", "/api/v1/namespaces/ns/pods", timeout=5)
-    finally:
-        await http.close()
-        server.close()
-    assert err.value.status == 429 and len(seen) == kube_http.THROTTLED_RETRIES + 1
+    assert err.value.status == 429 and "Too many requests" in str(err.value) and len(seen) == requests
 
 
 @pytest.mark.parametrize(
