@@ -88,6 +88,7 @@ DEFAULT_SCENARIOS = (
 )
 FINAL_PHASES = ("Succeeded", "Failed", "RolledBack", "Superseded")
 NAMESPACE, FLEET = "bench", "policy"
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # set by the StatefulSet controller on each pod (Kubernetes 1.28+)
 GROUP, VERSION = "rolloutfleet.io", "v1alpha1"
 MAX_NODES = 255  # rolloutfleet.sandbox.nodes.MAX_NODES: one /24 of 127.1.0.0/16 per fake node
 REVISION_TIMEOUT_S = 900.0
@@ -358,6 +359,8 @@ class BenchFollower(PodFollower):
     index: int = 0
     procs: int = 1
     latency_file: pathlib.Path | None = None
+    pods: int = 0  # the fleet's size (0: not known, watch them all)
+    watch_all: bool = False  # every follower watches every pod of the fleet (the bench until 2026-12-04)
     _serial: int = dataclasses.field(default=-1, init=False)
     _wanted: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict, init=False)
     _applied: dict[str, Any] = dataclasses.field(default_factory=dict, init=False)  # engine key -> engine set
@@ -365,6 +368,16 @@ class BenchFollower(PodFollower):
 
     def mine(self, pod: FollowedPod) -> bool:
         return _ordinal(pod.name) % self.procs == self.index
+
+    def selector(self) -> str:
+        """Only this follower's share of the pods, by the StatefulSet's pod-index label: with every follower
+        watching the whole fleet, each pod update (two gate writes per pod per revision, the kubelet's) was
+        decoded by all of them, 8 full pods per update at 1,024 pods on 16 cores, and the API server sent it
+        8 times. Real engines watch nothing; this harness's load should not stand in the operator's way."""
+        if self.watch_all or self.procs < 2 or self.pods < 1:
+            return super().selector()
+        share = ",".join(str(i) for i in range(self.index, self.pods, self.procs))
+        return f"{super().selector()},{POD_INDEX_LABEL} in ({share})"
 
     async def run(self) -> None:
         watcher = asyncio.create_task(self._watch())
@@ -418,7 +431,9 @@ def _temporary(path: pathlib.Path) -> pathlib.Path:
     return path.with_name(path.name + ".tmp")
 
 
-def follower_main(kubeconfig: str, index: int, procs: int, latency_file: str) -> None:
+def follower_main(
+    kubeconfig: str, index: int, procs: int, latency_file: str, pods: int = 0, watch_all: bool = False
+) -> None:
     """Child process: serve simulated engines on this follower's share of the fleet's pods until killed."""
     from kubernetes import config
 
@@ -433,6 +448,8 @@ def follower_main(kubeconfig: str, index: int, procs: int, latency_file: str) ->
         index=index,
         procs=procs,
         latency_file=pathlib.Path(latency_file),
+        pods=pods,
+        watch_all=watch_all,
     )
     asyncio.run(follower.run())
 
@@ -968,6 +985,8 @@ def start_fleet(n: int, args: argparse.Namespace, tmp: pathlib.Path, stack: cont
                 str(i),
                 str(args.engine_procs),
                 str(latency_file),
+                str(n),
+                *(["--watch-all"] if args.followers_watch_all else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=follower_log,
@@ -1149,6 +1168,7 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         # New TLS connections to the API server for the revision's requests (each a handshake).
         "kube_connections": round(_delta(req1["connections"], req0["connections"]).get("kube", 0.0)),
         "engine_keep_alive_s": args.engine_keep_alive,
+        "followers_watch": "all" if args.followers_watch_all or args.engine_procs < 2 else "own share",
         "operator_cpu_pinned": args.operator_cpu,
         "digests": args.digests,
         "kube_requests": round(sum(kube_req.values())),
@@ -1519,7 +1539,8 @@ def _command() -> str:
 
 def main() -> int:
     if len(sys.argv) >= 6 and sys.argv[1] == "--follower":
-        follower_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+        pods = int(sys.argv[6]) if len(sys.argv) > 6 else 0
+        follower_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], pods, "--watch-all" in sys.argv)
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024])
@@ -1585,6 +1606,12 @@ def main() -> int:
         metavar="SECONDS",
         help="start the API server with profiling and take its CPU profile (Go pprof) over the first SECONDS of "
         "each revision, into the temporary directory (rf-bench-apiserver-*.pprof; `go tool pprof -top` reads it)",
+    )
+    parser.add_argument(
+        "--followers-watch-all",
+        action="store_true",
+        help="every engine process watches every pod of the fleet (the bench until 2026-12-04) instead of its own "
+        "share (by the StatefulSet's pod-index label)",
     )
     parser.add_argument("--out", default="bench/results/rollout_overhead.md")
     parser.add_argument("--json", default=str(pathlib.Path(tempfile.gettempdir()) / "rollout_overhead.json"))

@@ -220,6 +220,10 @@ class PodFollower:
         """Whether this follower serves ``pod`` (all of them; the bench splits a fleet between followers)."""
         return True
 
+    def selector(self) -> str:
+        """The label selector of the pods this follower watches: the fleet's (the bench narrows it to a share)."""
+        return f"rolloutfleet.io/fleet={self.fleet}"
+
     async def _read(self) -> tuple[dict[str, Any] | None, str | None]:
         """The fleet (None when it does not exist) and its control token (None while there is none)."""
 
@@ -317,7 +321,7 @@ class PodFollower:
     async def run(self) -> None:
         """Follow until cancelled; the engines stop with it. Engines follow the pods as soon as the watch
         shows a change; the fleet and the token are read at each such sync and every ``interval``."""
-        watch = PodWatch(self.api, self.namespace, f"rolloutfleet.io/fleet={self.fleet}", asyncio.get_running_loop())
+        watch = PodWatch(self.api, self.namespace, self.selector(), asyncio.get_running_loop())
         watch.start()
         try:
             await watch.listed.wait()

@@ -7,9 +7,12 @@ it gone, which killed that follower's watch: the bench then timed out waiting fo
 from __future__ import annotations
 
 import pathlib
+from typing import Any, cast
 
 import bench_modules
 import pytest
+
+from rolloutfleet.sim.follower import FollowedPod
 
 pytestmark = pytest.mark.unit
 
@@ -127,3 +130,23 @@ def test_server_counts_key_the_api_server_s_own_metrics_by_request_and_watched_k
         "apiserver_watch_events_total Pod": 9000.0,
         "apiserver_watch_events_sizes_sum Pod": 2.5e7,
     }
+
+
+def test_each_engine_process_watches_only_its_share_of_the_pods() -> None:
+    """Eight engine processes watching the whole fleet decoded every pod update eight times (two gate writes per
+    pod per revision) beside serving their engines, and the API server sent each one eight times: the harness's
+    load, on the cores the operator and the control plane use. Each now asks for its own share by the
+    StatefulSet's pod-index label, the same pods ``mine`` serves; one process, an unknown size, or
+    ``--followers-watch-all`` watch them all."""
+
+    def follower(**kwargs: object) -> Any:
+        return cast(Any, bench.BenchFollower)(cast(Any, None), "bench", "policy", **kwargs)
+
+    fleet = "rolloutfleet.io/fleet=policy"
+    assert follower(index=1, procs=4, pods=10).selector() == f"{fleet},apps.kubernetes.io/pod-index in (1,5,9)"
+    assert follower(index=0, procs=1, pods=10).selector() == fleet
+    assert follower(index=1, procs=4, pods=0).selector() == fleet
+    assert follower(index=1, procs=4, pods=10, watch_all=True).selector() == fleet
+    share = follower(index=3, procs=8, pods=1024)
+    wanted = {int(i) for i in share.selector().split(" in (")[1].rstrip(")").split(",")}
+    assert wanted == {i for i in range(1024) if share.mine(FollowedPod(f"policy-{i}", "127.1.0.1", True, None))}
