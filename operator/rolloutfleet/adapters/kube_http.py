@@ -12,6 +12,10 @@ Credentials and TLS come from the official client's ``Configuration`` (kubeconfi
 request through ``auth_settings()`` so a refreshed token (in-cluster: the projected ServiceAccount token
 rotates; exec plugins) is used as soon as the client would use it. Everything the official client does
 not need on the hot path (discovery, server-side apply, creates, deletes) stays with it.
+
+At most ``limit`` requests are in flight (``ROLLOUTFLEET_KUBE_IN_FLIGHT``, 64 by default: ``adapters.kube``);
+one the API server turns away with 429 (API Priority and Fairness) is waited out and sent again
+(``THROTTLED_RETRIES``).
 """
 
 from __future__ import annotations
