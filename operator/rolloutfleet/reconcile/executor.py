@@ -195,19 +195,18 @@ async def _resume(engine: EngineClient, goal: Goal, timeouts: StepTimeouts, ctx:
         if answer.held is not None:
             raise Held(f"the engine changed since it was read ({answer.held})")
         return _resumed(engine, answer, calls, 0)
-    pause, wake = float(timeouts.pause_seconds), float(timeouts.wake_seconds)
     if ctx.ready is not None and not await ctx.ready():
         raise Held("the engine changed since it was read")
-    for call in calls:
+    for call, deadline in plan:  # each with the deadline the sequence would give it
         if call.step in ("resume", "admit"):  # the admission is the Service sync's here (``gates.open_for``)
             continue
         if call.step == "update_weight_version":
-            await engine.update_weight_version(goal.weight_version, deadline=float(timeouts.verify_seconds))
+            await engine.update_weight_version(goal.weight_version, deadline=deadline)
         elif call.step == "wake_up:kv_cache":
-            await engine.wake_up(["kv_cache"], deadline=wake)
-        elif not await engine.reset_prefix_cache(reset_running_requests=True, deadline=pause):
+            await engine.wake_up(["kv_cache"], deadline=deadline)
+        elif not await engine.reset_prefix_cache(reset_running_requests=True, deadline=deadline):
             raise StepError(Step.RESUME, "PrefixCacheNotReset", "the prefix cache could not be reset: not resumed")
-    await engine.resume(deadline=pause)
+    await engine.resume(deadline=float(timeouts.pause_seconds))
     return Resumed(None)
 
 
