@@ -20,10 +20,19 @@ pytestmark = pytest.mark.integration
 GATE = "rolloutfleet.io/weights-ready"
 
 
+# No scheduler answers to this name, so the pods stay unbound and kwok never plays them. A bound pod
+# deleted with grace 0 first gets a deletionTimestamp, and kwok's pod-delete stage then deletes it by name,
+# without a uid precondition: when kwok lags (CI on 2 busy cores) that late delete removed the replacement
+# pod below, and the gate patch got 404 instead of the refusal this file pins (reproduced by stopping kwok
+# across the delete and the re-create).
+UNSCHEDULED = "rolloutfleet-test-nobody"
+
+
 def _pod(name: str) -> client.V1Pod:
     return client.V1Pod(
         metadata=client.V1ObjectMeta(name=name),
         spec=client.V1PodSpec(
+            scheduler_name=UNSCHEDULED,
             containers=[client.V1Container(name="engine", image="vllm-rolloutfleet:test")],
             readiness_gates=[client.V1PodReadinessGate(condition_type=GATE)],
             termination_grace_period_seconds=0,

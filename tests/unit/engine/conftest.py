@@ -40,9 +40,16 @@ def latencies() -> Latencies:
     return Latencies()
 
 
+# Short deadlines are what the fault tests need: a call that hangs fails its test in a quarter second. A
+# module whose tests are not about time (the simulator's routes, loads of checkpoint files) sets
+# ``ROOMY_DEADLINES = True`` and gets the client's defaults: loads of a checkpoint outlasted 0.25 s on a loaded
+# CI box and failed a staging test and, later, a weight-transfer test.
+SHORT = EngineTimeouts(default=0.25, pause=0.25, sleep=0.25, wake_up=0.25, load=0.25, reset_prefix_cache=0.25)
+
+
 @pytest.fixture
-async def pool(latencies: Latencies) -> AsyncIterator[EnginePool]:
-    timeouts = EngineTimeouts(default=0.25, pause=0.25, sleep=0.25, wake_up=0.25, load=0.25, reset_prefix_cache=0.25)
+async def pool(latencies: Latencies, request: pytest.FixtureRequest) -> AsyncIterator[EnginePool]:
+    timeouts = None if getattr(request.module, "ROOMY_DEADLINES", False) else SHORT
     async with EnginePool(
         token=TOKEN,
         timeouts=timeouts,

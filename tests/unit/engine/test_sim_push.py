@@ -27,6 +27,9 @@ from rolloutfleet.adapters.engine_wire import EngineRPCError
 from rolloutfleet.sim import EngineSpec, SimulatedEngine, SimulatedFleet
 from rolloutfleet_digest import digest_directory
 
+# None of these tests is about a timeout (conftest.py).
+ROOMY_DEADLINES = True
+
 
 @pytest.fixture
 def spec(ckpts: Checkpoints) -> EngineSpec:

@@ -25,6 +25,9 @@ from rolloutfleet.api.engine import StagePhase, StageState
 from rolloutfleet.sim import EngineSpec, FaultKind, FaultRule, Latencies, SimulatedEngine, SimulatedFleet
 from rolloutfleet_digest import digest_directory
 
+# None of these tests is about a timeout (conftest.py).
+ROOMY_DEADLINES = True
+
 WAIT = 10.0  # seconds: bounds a hang; every stage here takes well under one
 
 

@@ -11,13 +11,11 @@ holding different stages as ``inconsistent`` (never commit), and absent fields o
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from engine_support import TOKEN, Latencies
 
-from rolloutfleet.adapters.engine import EngineClient, EnginePool, RetryPolicy
+from rolloutfleet.adapters.engine import EngineClient, EnginePool
 from rolloutfleet.adapters.engine_wire import (
     EngineProtocolError,
     EngineRPCError,
@@ -27,14 +25,8 @@ from rolloutfleet.adapters.engine_wire import (
 from rolloutfleet.api.engine import EngineFault, StagedTarget, StagePhase, StageState
 from rolloutfleet.sim import FaultKind, FaultRule, SimulatedEngine
 
-
-@pytest.fixture
-async def pool(latencies: Latencies) -> AsyncIterator[EnginePool]:
-    """The conftest's pool with the client's default deadlines: none of these tests is about a timeout, and
-    the conftest's 0.25 s (made for the fault tests) failed a stage in a full run on a loaded box."""
-    fast = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.02)
-    async with EnginePool(token=TOKEN, retry=fast, on_latency=latencies) as p:
-        yield p
+# None of these tests is about a timeout (conftest.py).
+ROOMY_DEADLINES = True
 
 
 D_V, D_D = "blake3:" + "1" * 64, "blake3:" + "2" * 64

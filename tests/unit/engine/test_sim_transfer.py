@@ -30,6 +30,8 @@ from rolloutfleet.sim import EngineSpec, FaultKind, FaultRule, SimulatedEngine, 
 from rolloutfleet.sim.config import weight_transfer_from_args
 from rolloutfleet.sim.follower import engine_args, engine_spec_for
 
+# None of these tests is about a timeout (conftest.py).
+ROOMY_DEADLINES = True
 T = TypeVar("T")
 PREFIX = "Call to collective_rpc method failed: "
 ROUTES = [
