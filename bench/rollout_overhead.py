@@ -480,6 +480,40 @@ def _proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _proc_sched(pid: int) -> dict[str, float]:
+    """How a process spent its CPU: user and system seconds (all threads), and its main thread's voluntary
+    context switches (the event loop's: each one a sleep in epoll and a wake-up after it). Empty when gone."""
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"user_s": int(fields[11]) / tick, "system_s": int(fields[12]) / tick}
+    for line in status.splitlines():
+        if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")):
+            key, value = line.split(":")
+            out[key] = float(value)
+    return out
+
+
+def _sched_delta(after: dict[str, float], before: dict[str, float], pods: int) -> dict[str, float] | None:
+    """The operator's user/system split and wake-ups over a revision (``_proc_sched`` readings), per pod too."""
+    if not after or not before:
+        return None
+    user, system = after["user_s"] - before["user_s"], after["system_s"] - before["system_s"]
+    woken = after.get("voluntary_ctxt_switches", 0.0) - before.get("voluntary_ctxt_switches", 0.0)
+    preempted = after.get("nonvoluntary_ctxt_switches", 0.0) - before.get("nonvoluntary_ctxt_switches", 0.0)
+    return {
+        "user_s": round(user, 2),
+        "system_s": round(system, 2),
+        "loop_wakeups": int(woken),
+        "loop_wakeups_per_pod": round(woken / pods, 2),
+        "loop_preempted": int(preempted),
+        "cpu_us_per_wakeup": round(1e6 * (user + system) / woken, 1) if woken else None,
+    }
+
+
 def _machine_busy() -> float:
     """CPU seconds all cores spent busy since boot (from /proc/stat)."""
     fields = [int(x) for x in pathlib.Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -1101,6 +1135,7 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         offset = fleet.log_offset()
         peak_reset = _reset_peak(fleet.operator.pid)
         req0, cpu0 = _request_counts(fleet.metrics_port), fleet.cpu(spy.pid if spy else None)
+        sched0 = _proc_sched(fleet.operator.pid)
         server0 = _server_metrics(fleet.local)
         pprof = pathlib.Path(tempfile.gettempdir()) / f"rf-bench-apiserver-{n}-{index}-{scenario.name}.pprof"
         profiling = _apiserver_profile(fleet.local, args.apiserver_profile, pprof) if args.apiserver_profile else None
@@ -1110,6 +1145,7 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
             name = fleet.create_revision(revision, scenario.mode)
             status = fleet.await_revision(name, REVISION_TIMEOUT_S)
             total = time.monotonic() - t0
+        sched1 = _proc_sched(fleet.operator.pid)
         cpu1, req1 = fleet.cpu(spy.pid if spy else None), _request_counts(fleet.metrics_port)
         server = _delta(_server_metrics(fleet.local), server0)
         if profiling is not None:
@@ -1156,6 +1192,8 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         "operator_cpu_ms_per_pod": round(1000 * cpu["operator"] / n, 2),
         # The operator's cycle collector (its own clock, rolloutfleet_gc_seconds_total), part of operator_cpu_s.
         "operator_gc_s": round(sum(gc_s.values()), 2),
+        # User and system seconds of operator_cpu_s, and how often its event loop slept and woke.
+        "operator_sched": _sched_delta(sched1, sched0, n),
         "operator_gc_s_by_generation": gc_s,
         "peak_rss_mb": round(peak, 1),
         "peak_rss_scope": "scenario" if peak_reset else "process lifetime",

@@ -6,7 +6,9 @@ it gone, which killed that follower's watch: the bench then timed out waiting fo
 
 from __future__ import annotations
 
+import os
 import pathlib
+import time
 from typing import Any, cast
 
 import bench_modules
@@ -150,3 +152,19 @@ def test_each_engine_process_watches_only_its_share_of_the_pods() -> None:
     share = follower(index=3, procs=8, pods=1024)
     wanted = {int(i) for i in share.selector().split(" in (")[1].rstrip(")").split(",")}
     assert wanted == {i for i in range(1024) if share.mine(FollowedPod(f"policy-{i}", "127.1.0.1", True, None))}
+
+
+def test_the_operator_s_cpu_is_split_into_user_and_system_time_and_its_loop_s_wakeups() -> None:
+    """Read from this process's own /proc: a sleep is a voluntary context switch of the main thread (the
+    event loop's thread in the operator), so N sleeps count at least N wake-ups; a process gone reads empty."""
+    before = bench._proc_sched(os.getpid())
+    for _ in range(20):
+        time.sleep(0.001)
+    sum(i * i for i in range(200_000))  # some user time
+    after = bench._proc_sched(os.getpid())
+    split = bench._sched_delta(after, before, 10)
+    assert split is not None
+    assert split["loop_wakeups"] >= 20 and split["loop_wakeups_per_pod"] == split["loop_wakeups"] / 10
+    assert split["user_s"] >= 0 and split["system_s"] >= 0
+    assert bench._proc_sched(2**22 + 12345) == {}
+    assert bench._sched_delta({}, before, 10) is None
