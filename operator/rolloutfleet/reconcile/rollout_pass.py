@@ -75,6 +75,11 @@ RESUME_BATCH_SECONDS = 5.0  # a pod resumed with others waits at most this long 
 # the resumes go out (64 pods on 2 cores: the window 0.80-0.89 s with them, 0.69-0.81 s without; issue 17).
 # A staged commit ends well within it; a longer pause (loads) reports again after it.
 WINDOW_QUIET_SECONDS = 2.0
+# A step's end wakes the pass; it then waits this long at most for more ends before it decides (at once when
+# every step in flight has ended). Under uneven engines the ends come one at a time, and an iteration per end
+# (~700 in a 1,024-pod long-tail revision) was work for nothing at the AllAtOnce barrier and a decision per
+# freed slot under Rolling (bench/results/rollout_overhead.md). A step takes seconds to minutes on vLLM.
+STEP_ENDS_GATHER_SECONDS = 0.05
 UNDECIDED = Decision(Step.PAUSE)  # what a pod not decided yet counts as (one object, not one per lookup)
 READ_CONCURRENCY = fanout.LIMIT  # engine reads in flight at once
 FAULT_REASONS = {
@@ -436,7 +441,9 @@ class RolloutPass:
                 # operator's CPU, issue 18). Only the pods reported are taken: a task seen done before its
                 # report arrived would wake the loop once more for nothing.
                 await waits.event_set(self.step_done, poll)
-            if not self.ended:
+            if self.ended:
+                await self._gather_ends()
+            else:
                 self._stage_due()
             ended, self.ended = self.ended, []
             self.step_done.clear()
@@ -451,6 +458,19 @@ class RolloutPass:
                 await self._drain()
                 await self._write_status(force=True)
                 return PassOutcome(again=True, idle=False)
+
+    async def _gather_ends(self) -> None:
+        """After a step's end, the ends that follow it within ``STEP_ENDS_GATHER_SECONDS``: decided together in
+        one iteration. Not waited for once every step in flight has ended (the barrier's last pod goes on at
+        once); a revision superseded or deleted meanwhile is seen at the next end or when the window closes."""
+        until = time.monotonic() + STEP_ENDS_GATHER_SECONDS
+        while len(self.ended) < len(self.inflight) and not self.interrupted():
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            self.step_done.clear()
+            if not await waits.event_set(self.step_done, left):
+                return
 
     def _log_held(self) -> None:
         """Say what ends a pass with nothing to run: the next pass reads every engine again after
