@@ -180,10 +180,12 @@ class RolloutPass:
         self.tally: verification.DigestTally | None = None  # the pods' votes for the goal's reference digests
         self.verified: set[str] = set()  # pods read from the engine when they were ready to resume or done
         self.decisions: dict[str, Decision] = {}  # set through ``_set_decision`` only
-        # Pods running a chain of steps in one request, with the goal and state it was decided on: the status
-        # shows each as its engine is while the chain's first load runs (``transaction.as_step_starts``, worked
-        # out only when the status is written), until the engine's answer or a read says more.
-        self.chains: dict[str, tuple[Goal, engine.EngineState, tuple[Step, ...]]] = {}
+        # Pods running a chain of steps in one request: the status shows each as its engine is while the chain's
+        # first load runs (``transaction.as_step_starts``), until the engine's answer or a read says more.
+        # Worked out once per chain, not at each status refresh: one object per chain also keeps the fleet
+        # status's summary of the pod (``reconcile.fleet._engines`` keeps it while the state is the same object;
+        # both worked out again for every pod in a chain were a fifth of each refresh, issue 18).
+        self.chains: dict[str, engine.EngineState] = {}
         self.by_step = rollout.StepTally()  # the decisions by step, for ``rollout.admit``
         self.done = self.by_step.at[Step.DONE]  # the pods whose decision is Done (the tally keeps it)
         self.messages: dict[str, str] = {}
@@ -747,8 +749,7 @@ class RolloutPass:
             self.incarnations = {p: pod_readiness.incarnation(b) for p, b in self.pods.bodies.items()}
         incarnations = self.incarnations
         states = {p: self.states[p] for p in self.order if p in self.states}
-        for pod, (goal, state, steps) in self.chains.items():
-            states[pod] = transaction.as_step_starts(goal, state, steps)
+        states.update(self.chains)
         self.memory.remember(states, incarnations)
         self.memory.steps = {p: d.step.value for p, d in self.decisions.items()}
 
@@ -845,7 +846,7 @@ class RolloutPass:
             self._set_decision(pod, Decision(transaction.shown_step(steps), decision.reason))
             # And what the engine holds meanwhile: a level-2 sleep released the weights it served before the
             # load began (the smoke soak saw a pod reported on them for 3.2 s under a slow load).
-            self.chains[pod] = (self.decided_goal or self.goal, self.states[pod], steps)
+            self.chains[pod] = transaction.as_step_starts(self.decided_goal or self.goal, self.states[pod], steps)
         try:
             async with limit:
                 done = await executor.execute_chain(self.clients[pod], steps, self.goal, timeouts, session)
