@@ -272,8 +272,9 @@ class Kube:
         self._count(verb)
         if self._http is None:
             configuration = (self._api_client or k8s_client.ApiClient()).configuration
-            self._http = KubeHTTP(configuration, limit=self._in_flight, on_connect=self._connected)
-            self._http.on_throttle = self._throttled
+            self._http = KubeHTTP(
+                configuration, limit=self._in_flight, on_connect=self._connected, on_throttle=self._throttled
+            )
         try:
             return await self._http.request(
                 method,

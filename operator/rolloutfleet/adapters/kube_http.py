@@ -94,8 +94,15 @@ class KubeHTTP:
     """One session to one API server; ``limit`` connections at most (each kept alive)."""
 
     def __init__(
-        self, configuration: k8s_client.Configuration, *, limit: int, on_connect: Callable[[], None] | None = None
+        self,
+        configuration: k8s_client.Configuration,
+        *,
+        limit: int,
+        on_connect: Callable[[], None] | None = None,
+        on_throttle: Callable[[float], None] | None = None,
     ) -> None:
+        """``on_connect``, ``on_throttle``: metrics hooks, called for each connection opened to the API server
+        and for each 429 waited out (with the seconds waited)."""
         self.configuration = configuration
         self.base = configuration.host.rstrip("/")
         self._ssl = ssl_context(configuration)
@@ -115,7 +122,7 @@ class KubeHTTP:
             server_hostname=self._route()["server_hostname"],
         )
         self._auth: tuple[float, dict[str, str]] | None = None  # (read at, headers): see ``_auth_headers``
-        self.on_throttle: Callable[[float], None] | None = None  # metrics hook: a 429 waited out (its seconds)
+        self.on_throttle = on_throttle
 
     def _headers(self, content_type: str | None, accept: str = JSON) -> dict[str, str]:
         headers = {"Accept": accept, "User-Agent": "rolloutfleet-operator"}

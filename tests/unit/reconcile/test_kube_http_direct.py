@@ -13,6 +13,7 @@ import contextlib
 import json
 import pathlib
 import ssl
+from collections.abc import Callable
 
 import pytest
 from kubernetes import client as k8s_client
@@ -154,7 +155,9 @@ def throttled(retry_after: str | None) -> bytes:
     )
 
 
-async def serve(pki: certs.Pki, answers: list[bytes], seen: list[bytes]) -> tuple[asyncio.Server, KubeHTTP]:
+async def serve(
+    pki: certs.Pki, answers: list[bytes], seen: list[bytes], on_throttle: Callable[[float], None] | None = None
+) -> tuple[asyncio.Server, KubeHTTP]:
     """A TLS server answering ``answers`` in turn (one per request, the last one for ever), and a client to it."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -170,7 +173,7 @@ async def serve(pki: certs.Pki, answers: list[bytes], seen: list[bytes]) -> tupl
     configuration = k8s_client.Configuration()
     configuration.host = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     configuration.ssl_ca_cert = str(pki.ca_cert)
-    return server, KubeHTTP(configuration, limit=2)
+    return server, KubeHTTP(configuration, limit=2, on_throttle=on_throttle)
 
 
 async def test_a_throttled_request_waits_as_told_and_goes_again(pki: certs.Pki) -> None:
@@ -179,9 +182,10 @@ async def test_a_throttled_request_waits_as_told_and_goes_again(pki: certs.Pki) 
     requests in flight a busy control plane answers so; a gate write given up on the first 429 would leave the
     pod out of the Service until the pass's next sync. Each wait is counted (rolloutfleet_kube_throttled_total)."""
     seen: list[bytes] = []
-    server, http = await serve(pki, [throttled("0"), throttled(None), answer(200, {"kind": "Pod"})], seen)
     waits: list[float] = []
-    http.on_throttle = waits.append
+    server, http = await serve(
+        pki, [throttled("0"), throttled(None), answer(200, {"kind": "Pod"})], seen, on_throttle=waits.append
+    )
     try:
         patched = await http.request(
             "PATCH",
