@@ -80,6 +80,7 @@ LATENCY_KINDS = ("uniform", "longtail", "zero")
 ROLLOUTS = {"allatonce": "AllAtOnce", "rolling": "Rolling"}
 MODES = ("sleep", "inflight")
 ROLLING_MAX_UNAVAILABLE = "25%"
+VLLM_KEEP_ALIVE_S = 5  # vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE default: an engine closes a connection idle this long
 DEFAULT_SCENARIOS = (
     "uniform-allatonce-sleep",
     "longtail-allatonce-sleep",
@@ -463,6 +464,12 @@ def default_engine_procs(cores: int) -> int:
     bound assumes engines that take their configured time; on 2 cores more processes only share the same
     cores with the operator and the control plane (bench/results/rollout_overhead_16_cores.md)."""
     return max(1, min(8, cores // 2))
+
+
+def default_idle_before(keep_alive: int | None) -> float:
+    """Seconds the settled fleet idles before each revision: past the engines' keep-alive (vLLM's 5 s unless
+    ``--engine-keep-alive``), so each revision's first request to an engine opens its connection."""
+    return float(keep_alive if keep_alive is not None else VLLM_KEEP_ALIVE_S) + 1.0
 
 
 def _free_port() -> int:
@@ -1115,6 +1122,11 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
     bound = lower_bound(
         per_pod, scenario.mode, scenario.rollout, scenario.max_unavailable, reset_prefix_cache=fleet.reset_prefix_cache
     )
+    # Outside the measured window: the operator reads no engine at rest, so after this its revision's first
+    # requests find the engines' keep-alive (vLLM's 5 s) expired, as between a trainer's revisions minutes apart.
+    # Without it, whether the pre-flight reused connections depended on how soon this bench created the revision
+    # after the last pass, and the runs of one code differed by a connection per pod (rollout_overhead.md).
+    time.sleep(args.idle_before)
     spy, spy_file = None, None
     if args.profile:
         spy_file = pathlib.Path(tempfile.gettempdir()) / f"rf-bench-profile-{n}-{index}-{scenario.name}.txt"
@@ -1206,6 +1218,7 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         # New TLS connections to the API server for the revision's requests (each a handshake).
         "kube_connections": round(_delta(req1["connections"], req0["connections"]).get("kube", 0.0)),
         "engine_keep_alive_s": args.engine_keep_alive,
+        "idle_before_s": args.idle_before,
         "followers_watch": "all" if args.followers_watch_all or args.engine_procs < 2 else "own share",
         "operator_cpu_pinned": args.operator_cpu,
         "digests": args.digests,
@@ -1376,7 +1389,9 @@ def report(
         "in the CPU split.",
         "Scenarios (`<latencies>-<rollout>-<mode>`) run one after another on the same fleet, each one new "
         "WeightRevision, once the fleet is settled (the operator opened every pod's readiness gate: "
-        "`status.readyReplicas == n`). The rollout (AllAtOnce, or Rolling with `maxUnavailable: "
+        f"`status.readyReplicas == n`) and has been idle {args.idle_before:g} s more (`--idle-before`; past the "
+        "engines' keep-alive, so each revision opens its engine connections as one minutes after the last would). "
+        "The rollout (AllAtOnce, or Rolling with `maxUnavailable: "
         f"{ROLLING_MAX_UNAVAILABLE}`) is patched into the fleet's `updateStrategy`; the mode (sleep or in-flight) "
         "is the revision's `spec.strategy.mode` override: the fleet's mode is in the pod template "
         "(`--enable-sleep-mode`), so changing it would restart every pod. The fleet starts in sleep mode. "
@@ -1609,6 +1624,15 @@ def main() -> int:
         "--rest-seconds", type=float, default=0, help="then the fleet at rest this long: what the operator spends"
     )
     parser.add_argument(
+        "--idle-before",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the settled fleet idles this long before each revision, outside the measured window (default: the "
+        "engines' keep-alive plus 1 s, 6 with vLLM's 5 s: each revision opens its engine connections, as revisions "
+        "minutes apart do; 0: as soon as settled, the bench until 2026-12-04)",
+    )
+    parser.add_argument(
         "--engine-keep-alive",
         type=int,
         default=None,
@@ -1654,6 +1678,8 @@ def main() -> int:
     parser.add_argument("--out", default="bench/results/rollout_overhead.md")
     parser.add_argument("--json", default=str(pathlib.Path(tempfile.gettempdir()) / "rollout_overhead.json"))
     args = parser.parse_args()
+    if args.idle_before is None:
+        args.idle_before = default_idle_before(args.engine_keep_alive)
     args.profile = args.profile or args.profile_native
     names = [] if args.scenarios.strip() in ("", "none") else [s for s in args.scenarios.split(",") if s.strip()]
     scenarios = [Scenario.parse(s) for s in names]
