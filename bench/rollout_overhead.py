@@ -52,6 +52,7 @@ import time
 import urllib.request
 from typing import Any
 
+from rolloutfleet.api import vllm_flags
 from rolloutfleet.sim.config import Latencies, WeightsConfig
 from rolloutfleet.sim.follower import FollowedPod, PodFollower
 
@@ -80,7 +81,6 @@ LATENCY_KINDS = ("uniform", "longtail", "zero")
 ROLLOUTS = {"allatonce": "AllAtOnce", "rolling": "Rolling"}
 MODES = ("sleep", "inflight")
 ROLLING_MAX_UNAVAILABLE = "25%"
-VLLM_KEEP_ALIVE_S = 5  # vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE default: an engine closes a connection idle this long
 DEFAULT_SCENARIOS = (
     "uniform-allatonce-sleep",
     "longtail-allatonce-sleep",
@@ -469,7 +469,7 @@ def default_engine_procs(cores: int) -> int:
 def default_idle_before(keep_alive: int | None) -> float:
     """Seconds the settled fleet idles before each revision: past the engines' keep-alive (vLLM's 5 s unless
     ``--engine-keep-alive``), so each revision's first request to an engine opens its connection."""
-    return float(keep_alive if keep_alive is not None else VLLM_KEEP_ALIVE_S) + 1.0
+    return float(keep_alive if keep_alive is not None else vllm_flags.HTTP_KEEP_ALIVE_DEFAULT) + 1.0
 
 
 def _free_port() -> int:
@@ -478,25 +478,33 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system, all threads) of a live process; 0 for one that is gone."""
+def _proc_times(pid: int) -> tuple[float, float] | None:
+    """User and system CPU seconds (all threads) of a live process, from /proc; None for one that is gone."""
     try:
         fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system, all threads) of a live process; 0 for one that is gone."""
+    times = _proc_times(pid)
+    return 0.0 if times is None else times[0] + times[1]
 
 
 def _proc_sched(pid: int) -> dict[str, float]:
     """How a process spent its CPU: user and system seconds (all threads), and its main thread's voluntary
     context switches (the event loop's: each one a sleep in epoll and a wake-up after it). Empty when gone."""
+    times = _proc_times(pid)
     try:
-        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         status = pathlib.Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return {}
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {"user_s": int(fields[11]) / tick, "system_s": int(fields[12]) / tick}
+    if times is None:
+        return {}
+    out = {"user_s": times[0], "system_s": times[1]}
     for line in status.splitlines():
         if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")):
             key, value = line.split(":")
