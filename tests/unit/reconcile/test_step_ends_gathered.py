@@ -29,7 +29,8 @@ async def _iterations_with_loads_ending_apart(tmp_path: pathlib.Path, caplog: py
         holds = [h.hold_loads(p) for p in h.pods]
 
         async def release_one_at_a_time() -> None:
-            # Every pod's load must have arrived first, so that the ends follow the releases.
+            # Every pod has paused: its load follows in the same request and waits for its release, so the
+            # loads end in the order and at the spacing of the releases.
             await h.wait_for(h.pods, lambda log: any(e.get("step") == "pause" for e in log))
             for hold in holds:
                 hold.set()
