@@ -472,6 +472,51 @@ def default_idle_before(keep_alive: int | None) -> float:
     return float(keep_alive if keep_alive is not None else vllm_flags.HTTP_KEEP_ALIVE_DEFAULT) + 1.0
 
 
+@dataclasses.dataclass(frozen=True)
+class _CalibrationState:
+    """A small frozen value, made and copied as the operator makes its engine snapshots."""
+
+    index: int
+    serving: bool
+    digest: str | None
+    step: str
+
+
+# A pod-like document, as the operator decodes and encodes its watch events and status rows.
+_CALIBRATION_DOC = json.dumps(
+    {
+        "metadata": {"name": "policy-0", "namespace": "ns", "labels": {"app": "policy", "hash": "policy-abc"}},
+        "status": {"phase": "Running", "conditions": [{"type": t, "status": "True"} for t in ("A", "B", "C", "D")]},
+    }
+)
+
+
+def _calibration_work(rounds: int) -> int:
+    """Pure-Python work of the operator's kind (JSON, dicts, small frozen values, f-strings, calls)."""
+    total = 0
+    for i in range(rounds):
+        doc = json.loads(_CALIBRATION_DOC)
+        doc["metadata"]["name"] = f"policy-{i}"
+        conditions = {c["type"]: c["status"] == "True" for c in doc["status"]["conditions"]}
+        state = dataclasses.replace(_CalibrationState(i, all(conditions.values()), None, "Pause"), step="Done")
+        total += len(json.dumps(doc)) + state.index % 7 + len(conditions)
+    return total
+
+
+def calibrate(repeats: int = 5, rounds: int = 4000) -> float:
+    """How fast this machine and interpreter run the operator's kind of code right now: the best of ``repeats``
+    runs of ``_calibration_work``, in CPU milliseconds of this thread. Taken before each revision, on a fleet
+    at rest, so that CPU per pod measured on two machines or in two hours can be compared with the speed each
+    ran at: the same code's figures differed by a fifth between hours of one box, and the long tail cost more on
+    16-core machines than here, with nothing to tell a slower core from the code (rollout_overhead.md)."""
+    best = math.inf
+    for _ in range(repeats):
+        started = time.thread_time()
+        _calibration_work(rounds)
+        best = min(best, time.thread_time() - started)
+    return round(1000 * best, 2)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -1135,6 +1180,7 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
     # Without it, whether the pre-flight reused connections depended on how soon this bench created the revision
     # after the last pass, and the runs of one code differed by a connection per pod (rollout_overhead.md).
     time.sleep(args.idle_before)
+    calibration_ms = calibrate()
     spy, spy_file = None, None
     if args.profile:
         spy_file = pathlib.Path(tempfile.gettempdir()) / f"rf-bench-profile-{n}-{index}-{scenario.name}.txt"
@@ -1210,6 +1256,8 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         "target_s": round(0.05 * bound + 1, 2),
         "operator_cpu_s": cpu["operator"],
         "operator_cpu_ms_per_pod": round(1000 * cpu["operator"] / n, 2),
+        # ``calibrate`` on this machine right before the revision: the speed the CPU per pod was measured at.
+        "calibration_ms": calibration_ms,
         # The operator's cycle collector (its own clock, rolloutfleet_gc_seconds_total), part of operator_cpu_s.
         "operator_gc_s": round(sum(gc_s.values()), 2),
         # User and system seconds of operator_cpu_s, and how often its event loop slept and woke.
@@ -1394,7 +1442,9 @@ def report(
         "fake 8-GPU nodes, fatter ones past 255 nodes), the real operator as one process, and a simulated engine "
         f"(synthetic weights) on every pod's loopback IP: {engines}. All of them and this bench share the "
         f"machine's {cores} cores; nothing is pinned, and other work on the machine shows as 'rest of machine' "
-        "in the CPU split.",
+        "in the CPU split. Its last column is how fast the machine ran a fixed piece of pure-Python work (JSON, "
+        "dicts, small frozen values: `calibrate`, best of five, CPU ms of one thread) right before the revision: "
+        "CPU per pod measured at another calibration was measured on a faster or slower machine.",
         "Scenarios (`<latencies>-<rollout>-<mode>`) run one after another on the same fleet, each one new "
         "WeightRevision, once the fleet is settled (the operator opened every pod's readiness gate: "
         f"`status.readyReplicas == n`) and has been idle {args.idle_before:g} s more (`--idle-before`; past the "
@@ -1470,8 +1520,8 @@ def report(
             f"## CPU split during each scenario (CPU seconds from /proc; {cores} cores)",
             "",
             "| pods | scenario | wall s | machine busy s | operator | engines | kube-apiserver | etcd "
-            "| other control plane | bench | rest of machine |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| other control plane | bench | rest of machine | calibration ms |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in rows:
             c = r["cpu_split_s"]
@@ -1490,6 +1540,7 @@ def report(
                 c["other control plane"],
                 c["bench"],
                 c["rest of machine"],
+                r.get("calibration_ms"),
             ]
             lines.append("| " + " | ".join(_fmt(v) for v in cells) + " |")
     lines += phase_cpu_tables(rows)

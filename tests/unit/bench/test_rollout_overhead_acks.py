@@ -176,3 +176,14 @@ def test_each_revision_starts_after_the_engines_keep_alive_expired() -> None:
     idles past the keep-alive first, as between revisions minutes apart."""
     assert bench.default_idle_before(None) == 6.0  # vLLM's 5 s
     assert bench.default_idle_before(60) == 61.0
+
+
+def test_the_calibration_does_fixed_work_and_times_it_in_cpu_milliseconds() -> None:
+    """The same work every time (its result is fixed), so that two machines' or two hours' timings of it compare;
+    timed in this thread's CPU time, so that a wait (a sleep, other processes' turns) does not count, and the
+    best of the repeats is kept."""
+    assert bench._calibration_work(50) == bench._calibration_work(50) > 0
+    started = time.thread_time()
+    best = bench.calibrate(repeats=3, rounds=200)
+    spent_ms = 1000 * (time.thread_time() - started)
+    assert 0 < best <= spent_ms / 3 + 0.5  # the best of three is at most their mean
