@@ -52,6 +52,7 @@ import time
 import urllib.request
 from typing import Any
 
+from rolloutfleet.adapters import kube_http
 from rolloutfleet.api import vllm_flags
 from rolloutfleet.sim.config import Latencies, WeightsConfig
 from rolloutfleet.sim.follower import FollowedPod, PodFollower
@@ -468,8 +469,12 @@ def default_engine_procs(cores: int) -> int:
 
 def default_idle_before(keep_alive: int | None) -> float:
     """Seconds the settled fleet idles before each revision: past the engines' keep-alive (vLLM's 5 s unless
-    ``--engine-keep-alive``), so each revision's first request to an engine opens its connection."""
-    return float(keep_alive if keep_alive is not None else vllm_flags.HTTP_KEEP_ALIVE_DEFAULT) + 1.0
+    ``--engine-keep-alive``) and past the time the operator keeps an idle API server connection (15 s), so each
+    revision opens its connections to the engines and to the API server as one minutes after the last would.
+    With the second shorter, the API connections were kept or not depending on how long the fleet took to settle
+    after the scenario before: 0 and 63 TLS handshakes in two runs of one code (issue 18)."""
+    engines = float(keep_alive if keep_alive is not None else vllm_flags.HTTP_KEEP_ALIVE_DEFAULT)
+    return max(engines, kube_http.IDLE_SECONDS) + 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1448,7 +1453,8 @@ def report(
         "Scenarios (`<latencies>-<rollout>-<mode>`) run one after another on the same fleet, each one new "
         "WeightRevision, once the fleet is settled (the operator opened every pod's readiness gate: "
         f"`status.readyReplicas == n`) and has been idle {args.idle_before:g} s more (`--idle-before`; past the "
-        "engines' keep-alive, so each revision opens its engine connections as one minutes after the last would). "
+        "engines' keep-alive and the operator's idle API connections, so each revision opens its connections as one "
+        "minutes after the last would). "
         "The rollout (AllAtOnce, or Rolling with `maxUnavailable: "
         f"{ROLLING_MAX_UNAVAILABLE}`) is patched into the fleet's `updateStrategy`; the mode (sleep or in-flight) "
         "is the revision's `spec.strategy.mode` override: the fleet's mode is in the pod template "
@@ -1688,8 +1694,9 @@ def main() -> int:
         default=None,
         metavar="SECONDS",
         help="the settled fleet idles this long before each revision, outside the measured window (default: the "
-        "engines' keep-alive plus 1 s, 6 with vLLM's 5 s: each revision opens its engine connections, as revisions "
-        "minutes apart do; 0: as soon as settled, the bench until 2026-12-04)",
+        "longer of the engines' keep-alive and the operator's 15 s for idle API connections, plus 1 s: 16 with "
+        "vLLM's 5 s; each revision opens its connections, as revisions minutes apart do; 6 s until 2026-12-05, "
+        "0 (as soon as settled) until 2026-12-04)",
     )
     parser.add_argument(
         "--engine-keep-alive",
