@@ -36,6 +36,7 @@ import math
 import os
 import pathlib
 import platform
+import pstats
 import random
 import re
 import resource
@@ -345,6 +346,70 @@ def summarize_profile(raw: str, *, top: int = 15, library_top: int = 10, native:
 
 
 # -- the follower process: simulated engines, latencies from a file ----------------------------------------
+
+
+# --profile-cprofile: the operator's event loop under cProfile with its thread's CPU clock
+# (bench/operator_cprofile/sitecustomize.py), per scenario.
+CPROFILE_HOOK = pathlib.Path(__file__).resolve().parent / "operator_cprofile"
+CPROFILE_DIR_ENV = "ROLLOUTFLEET_BENCH_CPROFILE_DIR"
+
+
+def _cprofile_area(path: str) -> str:
+    """Where a profiled function lives: our package by its subpackage, a library, the standard library, or C."""
+    if path == "~":
+        return "builtins (C)"
+    if "rolloutfleet/" in path:
+        parts = path.rsplit("rolloutfleet/", 1)[1].split("/")
+        return f"rolloutfleet.{parts[0]}" if len(parts) > 1 else "rolloutfleet"
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.split(marker, 1)[1].split("/", 1)[0]
+    stdlib = re.search(r"/lib/python3\.\d+/([^/]+)", path)
+    if stdlib:
+        name = stdlib.group(1)
+        return f"stdlib {name.removesuffix('.py')}"
+    return "other"
+
+
+CProfileStats = dict[tuple[str, int, str], tuple[Any, ...]]
+
+
+def summarize_cprofile(stats: CProfileStats, pods: int, *, top: int = 20) -> dict[str, Any]:
+    """``pstats.Stats(...).stats`` (``(file, line, function) -> (primitive calls, calls, self s, cumulative s,
+    callers)``) summarized: the profiled CPU seconds, each area's share of the self time, and the ``top``
+    functions by self time with their calls per pod and self µs per call."""
+    total = sum(entry[2] for entry in stats.values())
+    areas: collections.Counter[str] = collections.Counter()
+    for (path, _, _), entry in stats.items():
+        areas[_cprofile_area(path)] += entry[2]
+    ranked = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
+    functions = []
+    for (path, line, name), entry in ranked:
+        where = name if path == "~" else f"{name} ({_short_path(path)}:{line})"
+        functions.append(
+            {
+                "function": where,
+                "self_pct": round(100 * entry[2] / total, 1) if total else 0.0,
+                "calls_per_pod": round(entry[1] / pods, 1),
+                "self_us_per_call": round(1e6 * entry[2] / entry[1], 1) if entry[1] else 0.0,
+            }
+        )
+    return {
+        "profiled_cpu_s": round(total, 2),
+        "areas": [(area, round(100 * s / total, 1)) for area, s in areas.most_common()] if total else [],
+        "top_self": functions,
+    }
+
+
+def _read_cprofile(directory: pathlib.Path, before: set[pathlib.Path], timeout: float = 60) -> pathlib.Path | None:
+    """The statistics file the operator writes after the stopping signal (a name not in ``before``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        new = set(directory.glob("operator-*.pstats")) - before
+        if new:
+            return max(new, key=lambda f: f.stat().st_mtime)
+        time.sleep(0.1)
+    return None
 
 
 def _ordinal(pod_name: str) -> int:
@@ -1051,6 +1116,10 @@ def start_fleet(n: int, args: argparse.Namespace, tmp: pathlib.Path, stack: cont
         ROLLOUTFLEET_IDLE_SECONDS="1",
         ROLLOUTFLEET_RESYNC_SECONDS="10",
     )
+    if args.profile_cprofile:  # the operator alone imports the hook (its sitecustomize), and only now
+        (tmp / "cprofile").mkdir(exist_ok=True)
+        env[CPROFILE_DIR_ENV] = str(tmp / "cprofile")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CPROFILE_HOOK), env.get("PYTHONPATH", "")) if p)
     log = stack.enter_context((tmp / "operator.log").open("wb"))
     stack.callback(
         lambda: (pathlib.Path(tempfile.gettempdir()) / f"rf-bench-operator-{n}.log").write_bytes(
@@ -1202,6 +1271,11 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
                 stderr=subprocess.STDOUT,
             )
         time.sleep(1.0)  # attached and sampling before the revision exists
+    cprofile_dir = fleet.tmp / "cprofile"
+    cprofile_before = set(cprofile_dir.glob("operator-*.pstats")) if args.profile_cprofile else set()
+    if args.profile_cprofile:
+        os.kill(fleet.operator.pid, signal.SIGUSR2)  # starts the profile (bench/operator_cprofile)
+        time.sleep(0.5)
     try:
         offset = fleet.log_offset()
         peak_reset = _reset_peak(fleet.operator.pid)
@@ -1223,6 +1297,8 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
             profiling.join()
         peak, rss = _rss_mb(fleet.operator.pid)
     finally:
+        if args.profile_cprofile:
+            os.kill(fleet.operator.pid, signal.SIGUSR2)  # stops it and writes the statistics
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
             try:
@@ -1235,6 +1311,16 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         if spy_file is not None and spy_file.exists()
         else None
     )
+    cprofile = None
+    if args.profile_cprofile:
+        written = _read_cprofile(cprofile_dir, cprofile_before)
+        if written is None:
+            _log(f"n={n} {scenario.name}: the operator wrote no cProfile statistics")
+        else:
+            kept = pathlib.Path(tempfile.gettempdir()) / f"rf-bench-cprofile-{n}-{index}-{scenario.name}.pstats"
+            shutil.copyfile(written, kept)
+            loaded: CProfileStats = pstats.Stats(str(written)).stats  # type: ignore[attr-defined]
+            cprofile = {"file": str(kept), **summarize_cprofile(loaded, n)}
     replaced = len({uid for _, _, uid in pods} - {uid for _, _, uid in fleet.pods()})
     passes = fleet.passes(offset, name)
     cpu = {k: round(cpu1.get(k, 0.0) - cpu0.get(k, 0.0), 2) for k in cpu1}
@@ -1311,6 +1397,7 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         "settle_s": round(settle_s, 1),
         "profile_file": str(spy_file) if spy_file else None,
         "profile": profile,
+        "cprofile": cprofile,
     }
     if replaced:
         _log(f"n={n} {scenario.name}: {replaced} pods were replaced during the scenario")
@@ -1589,6 +1676,32 @@ def report(
         ):
             lines += ["", f"{title}:", "", "| % | function |", "|---:|---|"]
             lines += [f"| {pct} | `{name}` |" for name, pct in p[key]]
+    cprofiled = [r for r in rows if r.get("cprofile")]
+    if cprofiled:
+        lines += [
+            "",
+            "## Operator profiles (cProfile of the event loop's thread, its CPU clock; `--profile-cprofile`)",
+            "",
+            "Each function's calls are counted exactly and its time is CPU time of the operator's main thread (a",
+            "wait counts nothing); every call pays the profiler's own cost, so the profiled CPU is higher than the",
+            "row's and call-heavy code looks heavier than it is. Self time: in the function itself, C functions it",
+            "calls listed apart (`builtins (C)`), the event loop's own C code in none of them.",
+        ]
+    for r in cprofiled:
+        c = r["cprofile"]
+        lines += [
+            "",
+            f"### {r['pods']} pods, {r['scenario']} (profiled {c['profiled_cpu_s']} CPU-s; raw: `{c['file']}`)",
+            "",
+            "Self time by area: " + ", ".join(f"{area} {pct} %" for area, pct in c["areas"][:12]) + ".",
+            "",
+            "| self % | calls per pod | µs per call | function |",
+            "|---:|---:|---:|---|",
+        ]
+        lines += [
+            f"| {f['self_pct']} | {f['calls_per_pod']} | {f['self_us_per_call']} | `{f['function']}` |"
+            for f in c["top_self"]
+        ]
     for soak in soaks:
         lines += [
             "",
@@ -1676,6 +1789,12 @@ def main() -> int:
     )
     parser.add_argument("--profile", action="store_true", help="sample the operator with py-spy per scenario")
     parser.add_argument(
+        "--profile-cprofile",
+        action="store_true",
+        help="cProfile the operator's event loop per scenario, with its thread's CPU clock (exact calls per pod; "
+        "the profiled rows' CPU and walls are not comparable with unprofiled ones); not with --profile",
+    )
+    parser.add_argument(
         "--profile-native",
         action="store_true",
         help="with --profile: py-spy --native (blocking: the profiled rows' CPU and walls are not comparable); "
@@ -1747,6 +1866,8 @@ def main() -> int:
     if args.idle_before is None:
         args.idle_before = default_idle_before(args.engine_keep_alive)
     args.profile = args.profile or args.profile_native
+    if args.profile and args.profile_cprofile:
+        parser.error("--profile-cprofile and --profile: one profiler at a time")
     names = [] if args.scenarios.strip() in ("", "none") else [s for s in args.scenarios.split(",") if s.strip()]
     scenarios = [Scenario.parse(s) for s in names]
     if args.engine_procs < 1:

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import os
 import pathlib
+import pstats
+import subprocess
+import sys
+import textwrap
 import time
 from typing import Any, cast
 
@@ -187,3 +191,58 @@ def test_the_calibration_does_fixed_work_and_times_it_in_cpu_milliseconds() -> N
     best = bench.calibrate(repeats=3, rounds=200)
     spent_ms = 1000 * (time.thread_time() - started)
     assert 0 < best <= spent_ms / 3 + 0.5  # the best of three is at most their mean
+
+
+def test_the_cprofile_hook_profiles_the_process_between_two_signals(tmp_path: pathlib.Path) -> None:
+    """``--profile-cprofile``: the bench's sitecustomize, first on the operator's path only, starts a profile at
+    the first SIGUSR2 and writes it at the second; what ran in between is in it, counted call by call."""
+    script = textwrap.dedent(
+        """
+        import os, signal, sys, time
+        def counted(): return sum(range(100))
+        os.kill(os.getpid(), signal.SIGUSR2)
+        for _ in range(37): counted()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.1)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(bench.CPROFILE_HOOK), bench.CPROFILE_DIR_ENV: str(tmp_path)}
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60)
+    written = bench._read_cprofile(tmp_path, set(), timeout=5)
+    assert written is not None and not list(tmp_path.glob("*.partial"))
+    stats = pstats.Stats(str(written)).stats  # type: ignore[attr-defined]
+    calls = {key[2]: entry[1] for key, entry in stats.items()}
+    assert calls["counted"] == 37
+    summary = bench.summarize_cprofile(stats, pods=37)
+    assert summary["profiled_cpu_s"] >= 0 and any(f["function"].startswith("counted (") for f in summary["top_self"])
+
+
+def test_a_cprofile_summary_gives_each_area_its_share_and_calls_per_pod() -> None:
+    stats = {
+        ("/x/operator/rolloutfleet/reconcile/rollout_pass.py", 10, "_step"): (2048, 2048, 0.3, 1.0, {}),
+        ("/x/site-packages/kopf/_core/reactor/processing.py", 5, "process"): (10, 10, 0.1, 0.2, {}),
+        ("/x/lib/python3.11/asyncio/tasks.py", 7, "create_task"): (4096, 4096, 0.1, 0.1, {}),
+        ("~", 0, "<method 'get' of 'dict' objects>"): (10_240, 10_240, 0.5, 0.5, {}),
+    }
+    summary = bench.summarize_cprofile(stats, pods=1024, top=2)
+    assert summary["profiled_cpu_s"] == 1.0
+    assert dict(summary["areas"]) == {
+        "builtins (C)": 50.0,
+        "rolloutfleet.reconcile": 30.0,
+        "kopf": 10.0,
+        "stdlib asyncio": 10.0,
+    }
+    assert summary["top_self"] == [
+        {
+            "function": "<method 'get' of 'dict' objects>",
+            "self_pct": 50.0,
+            "calls_per_pod": 10.0,
+            "self_us_per_call": 48.8,
+        },
+        {
+            "function": "_step (rolloutfleet/reconcile/rollout_pass.py:10)",
+            "self_pct": 30.0,
+            "calls_per_pod": 2.0,
+            "self_us_per_call": 146.5,
+        },
+    ]
