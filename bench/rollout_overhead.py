@@ -390,7 +390,7 @@ def summarize_cprofile(stats: CProfileStats, pods: int, *, top: int = 20) -> dic
             {
                 "function": where,
                 "self_pct": round(100 * entry[2] / total, 1) if total else 0.0,
-                "calls_per_pod": round(entry[1] / pods, 1),
+                "calls_per_pod": round(entry[1] / pods, 2),
                 "self_us_per_call": round(1e6 * entry[2] / entry[1], 1) if entry[1] else 0.0,
             }
         )

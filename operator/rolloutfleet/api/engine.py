@@ -211,8 +211,10 @@ def _field_copier() -> Any:
     setters = {f"_set_{name}": EngineState.__dict__[name].__set__ for name in _STATE_FIELDS}
     body = "".join(f"    _set_{name}(target, source.{name})\n" for name in _STATE_FIELDS)
     namespace: dict[str, Any] = dict(setters)
-    exec(f"def copy(source, target):\n{body}", namespace)  # noqa: S102 - the text is field names only
-    return namespace["copy"]
+    # Named for profiles and tracebacks: ``copy_fields (<EngineState.evolve>:1)``.
+    code = compile(f"def copy_fields(source, target):\n{body}", "<EngineState.evolve>", "exec")
+    exec(code, namespace)  # noqa: S102 - the text is field names only
+    return namespace["copy_fields"]
 
 
 _copy_fields = _field_copier()
