@@ -12,8 +12,11 @@ function, ``lower_bound``), the operator's CPU seconds, peak and current RSS (fr
 Kubernetes API requests per pod (its own counters on /metrics) and how the machine's cores were shared.
 ``--profile`` samples the operator with py-spy during each scenario (a profiler, not a dependency of the
 project: ``.venv/bin/pip install py-spy`` first; ``--profile-native`` samples with ``--native`` instead, the
-event loop's thread only, its polls told apart); ``--soak-revisions N`` then applies N
-zero-latency revisions back to back and samples the operator's RSS every 50 (``--soak-keep K`` deletes each
+event loop's thread only, its polls told apart; ``--profile-cprofile`` runs the operator's event loop under
+cProfile with its thread's CPU clock instead: calls counted exactly, ``bench/operator_cprofile``); each row
+carries a calibration of the machine's speed taken right before its revision (``calibrate``);
+``--soak-revisions N`` then applies N zero-latency revisions back to back and samples the operator's RSS every
+50 (``--soak-keep K`` deletes each
 revision once K newer ones succeeded, as a trainer or a Git repository that prunes its history would: what
 the operator keeps per revision object is then told apart from what it keeps per revision rolled).
 
