@@ -580,8 +580,9 @@ def calibrate(repeats: int = 5, rounds: int = 4000) -> float:
     """How fast this machine and interpreter run the operator's kind of code right now: the best of ``repeats``
     runs of ``_calibration_work``, in CPU milliseconds of this thread. Taken before each revision, on a fleet
     at rest, so that CPU per pod measured on two machines or in two hours can be compared with the speed each
-    ran at: the same code's figures differed by a fifth between hours of one box, and the long tail cost more on
-    16-core machines than here, with nothing to tell a slower core from the code (rollout_overhead.md)."""
+    ran at: the simulated engines' CPU for one revision differed 1.7x between hours of one box, and the long tail
+    cost the operator more on 16-core machines than here, with nothing to tell a slower core from the code
+    (rollout_overhead.md)."""
     best = math.inf
     for _ in range(repeats):
         started = time.thread_time()
