@@ -348,9 +348,6 @@ def summarize_profile(raw: str, *, top: int = 15, library_top: int = 10, native:
     }
 
 
-# -- the follower process: simulated engines, latencies from a file ----------------------------------------
-
-
 # --profile-cprofile: the operator's event loop under cProfile with its thread's CPU clock
 # (bench/operator_cprofile/sitecustomize.py), per scenario.
 CPROFILE_HOOK = pathlib.Path(__file__).resolve().parent / "operator_cprofile"
@@ -413,6 +410,9 @@ def _read_cprofile(directory: pathlib.Path, before: set[pathlib.Path], timeout: 
             return max(new, key=lambda f: f.stat().st_mtime)
         time.sleep(0.1)
     return None
+
+
+# -- the follower process: simulated engines, latencies from a file ----------------------------------------
 
 
 def _ordinal(pod_name: str) -> int:

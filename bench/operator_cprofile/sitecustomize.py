@@ -29,7 +29,7 @@ def _toggle(_signum: int, _frame: Any) -> None:
         return
     _profile.disable()
     _written += 1
-    out = pathlib.Path(os.environ.get("ROLLOUTFLEET_BENCH_CPROFILE_DIR", "/tmp")) / f"operator-{os.getpid()}-{_written}"
+    out = pathlib.Path(os.environ["ROLLOUTFLEET_BENCH_CPROFILE_DIR"]) / f"operator-{os.getpid()}-{_written}"
     _profile.dump_stats(f"{out}.partial")
     os.replace(f"{out}.partial", f"{out}.pstats")  # the bench waits for this name: whole or absent
     _profile = None
