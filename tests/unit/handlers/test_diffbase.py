@@ -1,5 +1,6 @@
 """The diff base kopf compares to see spec changes (``handlers.diffbase``): the same essence as kopf's own,
-built without deep-copying the status (a row per pod: 3.9 % of the operator's CPU at 1,024 pods)."""
+built without deep-copying the status (a row per pod: 3.9 % of the operator's CPU at 1,024 pods) nor the
+metadata kopf drops (the field managers: ~12 % of a 64-pod long-tail Rolling revision's CPU)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,14 @@ class NoCopy(dict[str, Any]):
         raise AssertionError("the status was deep-copied")
 
 
-def _body(status: dict[str, Any]) -> dict[str, Any]:
+class NoCopyList(list[Any]):
+    """Field managers that fail the test if anything deep-copies them."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        raise AssertionError("the managed fields were deep-copied")
+
+
+def _body(status: dict[str, Any], managed: list[Any] | None = None) -> dict[str, Any]:
     return {
         "apiVersion": f"{GROUP}/v1alpha1",
         "kind": "RolloutFleet",
@@ -34,6 +42,14 @@ def _body(status: dict[str, Any]) -> dict[str, Any]:
                 "kubectl.kubernetes.io/last-applied-configuration": "{}",
             },
             "resourceVersion": "42",
+            "uid": "u-1",
+            "generation": 3,
+            "creationTimestamp": "2026-12-05T00:00:00Z",
+            "finalizers": [f"{GROUP}/finalizer"],
+            "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": "u-0"}],
+            "managedFields": managed
+            if managed is not None
+            else [{"manager": "rolloutfleet", "operation": "Update", "fieldsV1": {"f:status": {"f:pods": {}}}}] * 3,
         },
         "spec": {"replicas": 4, "verifier": {"path": "/weights/a"}},
         "status": status,
@@ -62,3 +78,11 @@ def test_the_status_is_never_copied() -> None:
         body=kopf.Body(_body(NoCopy(pods=[{"name": "policy-0"}])))
     )
     assert essence["spec"]["replicas"] == 4
+
+
+def test_the_metadata_kopf_drops_is_never_copied() -> None:
+    """kopf deep-copied the whole metadata and then deleted it: the field managers of every status write (each
+    progress write's event) copied for nothing."""
+    body = _body({"observedGeneration": 2}, managed=NoCopyList([{"manager": "rolloutfleet"}]))
+    essence = SpecDiffBaseStorage(prefix=GROUP, key="last-handled-configuration").build(body=kopf.Body(body))
+    assert essence["metadata"] == {"labels": {"team": "rl"}, "annotations": {"note": "kept"}}
