@@ -5,8 +5,8 @@ object at every watch event of a resource with change handlers: it deep-copies t
 ``status`` and ``metadata`` and picks the labels and annotations back from the body. Our fleets' and
 revisions' statuses carry a row per pod, and their metadata the field managers of every status write; each
 progress write the operator makes comes back as such an event. At 1,024 pods copying the status was 3.9 % of
-the operator's CPU; with the status left out, copying the metadata (``managedFields`` most of it) was still
-~12 % of a 64-pod long-tail Rolling revision's CPU under ``--profile-cprofile`` (issue 18,
+the operator's CPU; with the status left out, copying the metadata (``managedFields`` most of it) still took
+most of each build: 619 µs against 44 without it, for ~1,000 managed-field nodes (issue 18,
 bench/results/rollout_overhead.md). The essence never holds either (we register no handler on a status or
 metadata field), so the body is handed over with its metadata cut to what kopf reads of it: the labels and
 annotations it keeps, and the owner references its annotation keys may depend on. The same essence, with

@@ -11,6 +11,7 @@ refresh: the fleet status keeps each pod's summary while its observation is the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
 
 import pytest
@@ -35,20 +36,21 @@ async def test_a_pod_in_a_chain_is_shown_as_the_same_started_state_at_every_refr
         pod = h.pods[0]
         holds = [h.hold_loads(pod)]
         seen: list[EngineState] = []
+        three_refreshes = asyncio.Event()
         hand_over = rollout_pass.RolloutPass._remember_states
 
         def remember(self: rollout_pass.RolloutPass) -> None:
             hand_over(self)
             if pod in self.chains and h.memory.steps.get(pod) in LOADS:
                 seen.append(h.memory.engine_view[pod])
+                if len(seen) >= 3:
+                    three_refreshes.set()
 
         monkeypatch.setattr(rollout_pass.RolloutPass, "_remember_states", remember)
         h.apply_revision("step-1", 1)
         settling = asyncio.create_task(h.settle())
-        for _ in range(1000):  # bounded: refreshes that never come fail below
-            if len(seen) >= 3:
-                break
-            await asyncio.sleep(0.01)
+        with contextlib.suppress(TimeoutError):  # refreshes that never come fail below
+            await asyncio.wait_for(three_refreshes.wait(), 10)
         for hold in holds:
             hold.set()
         await settling
