@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pathlib
 import pstats
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -214,6 +215,66 @@ def test_the_cprofile_hook_profiles_the_process_between_two_signals(tmp_path: pa
     assert calls["counted"] == 37
     summary = bench.summarize_cprofile(stats, pods=37)
     assert summary["profiled_cpu_s"] >= 0 and any(f["function"].startswith("counted (") for f in summary["top_self"])
+
+
+def _interpreters_from_3_12() -> list[str]:
+    """CPython 3.12 and later found on this machine (on PATH, or installed by pyenv): from 3.12 cProfile is built on
+    ``sys.monitoring``, whose events come from every thread, and the device machine's bench runs 3.12."""
+    found: dict[str, str] = {}
+    if sys.version_info >= (3, 12):
+        found[f"{sys.version_info[0]}.{sys.version_info[1]}"] = sys.executable
+    roots = [pathlib.Path(os.environ.get("PYENV_ROOT", pathlib.Path.home() / ".pyenv")) / "versions"]
+    candidates = [shutil.which(f"python3.{minor}") for minor in range(12, 16)]
+    candidates += [str(path) for root in roots for path in sorted(root.glob("3.1[2-9]*/bin/python3"))]
+    for candidate in filter(None, candidates):
+        probe = subprocess.run(
+            [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True
+        )
+        if probe.returncode == 0:
+            found.setdefault(probe.stdout.strip(), candidate)
+    return sorted(found.values())
+
+
+@pytest.mark.parametrize("python", [sys.executable, *_interpreters_from_3_12()])
+def test_the_cprofile_hook_profiles_only_the_thread_of_the_event_loop(python: str, tmp_path: pathlib.Path) -> None:
+    """The operator runs threads beside its event loop (the metrics server answering the bench's scrapes, the
+    Kubernetes client's pool). From Python 3.12 cProfile sees every thread's calls, and with the loop thread's CPU
+    clock as its timer it charged one thread's calls with time read on another's: on the device (3.12) a
+    long-tail Rolling revision's profile summed to 18 CPU-s for an operator that spent 7.6, with shares above
+    100 % and below zero. The hook must keep the other threads' calls out, whatever the interpreter."""
+    script = textwrap.dedent(
+        """
+        import os, signal, threading, time
+        def beside():
+            deadline = time.monotonic() + 0.3
+            while time.monotonic() < deadline:
+                sum(range(1000))
+        def counted(): return sum(range(20000))
+        os.kill(os.getpid(), signal.SIGUSR2)
+        started = time.thread_time()
+        thread = threading.Thread(target=beside)
+        thread.start()
+        for _ in range(37):
+            counted()
+            time.sleep(0.005)  # the other thread runs meanwhile
+        thread.join()
+        spent = time.thread_time() - started
+        os.kill(os.getpid(), signal.SIGUSR2)
+        print(spent)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(bench.CPROFILE_HOOK), bench.CPROFILE_DIR_ENV: str(tmp_path)}
+    done = subprocess.run([python, "-c", script], env=env, check=True, timeout=60, capture_output=True, text=True)
+    spent_s = float(done.stdout)
+    written = bench._read_cprofile(tmp_path, set(), timeout=5)
+    assert written is not None
+    stats = pstats.Stats(str(written)).stats  # type: ignore[attr-defined]
+    calls = {key[2]: entry[1] for key, entry in stats.items()}
+    assert calls["counted"] == 37
+    assert "beside" not in calls  # ran only in the other thread
+    assert all(entry[2] >= 0 for entry in stats.values())
+    summary = bench.summarize_cprofile(stats, pods=37)
+    assert 0 < summary["profiled_cpu_s"] <= spent_s + 0.01
 
 
 def test_a_cprofile_summary_gives_each_area_its_share_and_calls_per_pod() -> None:
