@@ -401,6 +401,17 @@ def summarize_cprofile(stats: CProfileStats, pods: int, *, top: int = 20) -> dic
     }
 
 
+def _await_cprofile_start(directory: pathlib.Path, before: set[pathlib.Path], timeout: float = 10) -> bool:
+    """Whether the operator said it started profiling (a ``.started`` marker not in ``before``) within
+    ``timeout``: the revision is created only after, so that its first steps are in the profile."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if set(directory.glob("operator-*.started")) - before:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def _read_cprofile(directory: pathlib.Path, before: set[pathlib.Path], timeout: float = 60) -> pathlib.Path | None:
     """The statistics file the operator writes after the stopping signal (a name not in ``before``)."""
     deadline = time.monotonic() + timeout
@@ -1278,8 +1289,10 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
     cprofile_dir = fleet.tmp / "cprofile"
     cprofile_before = set(cprofile_dir.glob("operator-*.pstats")) if args.profile_cprofile else set()
     if args.profile_cprofile:
+        started_before = set(cprofile_dir.glob("operator-*.started"))
         os.kill(fleet.operator.pid, signal.SIGUSR2)  # starts the profile (bench/operator_cprofile)
-        time.sleep(0.5)
+        if not _await_cprofile_start(cprofile_dir, started_before):
+            raise RuntimeError("the operator did not start its cProfile within 10 s of SIGUSR2")
     try:
         offset = fleet.log_offset()
         peak_reset = _reset_peak(fleet.operator.pid)

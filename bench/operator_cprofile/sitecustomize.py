@@ -3,9 +3,11 @@
 Not part of the operator: the bench puts this directory first on the operator's ``PYTHONPATH`` only when asked,
 and Python imports ``sitecustomize`` at start-up. SIGUSR2 starts a ``cProfile`` of the thread that handles
 signals (the main thread: the operator's event loop) with that thread's CPU clock (``time.thread_time``), so a
-wait for the network or for a core counts nothing; the next SIGUSR2 stops it and writes the statistics to
-``$ROLLOUTFLEET_BENCH_CPROFILE_DIR/operator-<pid>-<n>.pstats``. Unlike py-spy's samples, each function's calls
-are counted exactly; every call pays the profiler's own cost, so call-heavy code looks heavier than it is.
+wait for the network or for a core counts nothing, and says so with an empty
+``$ROLLOUTFLEET_BENCH_CPROFILE_DIR/operator-<pid>-<n>.started`` (the bench creates the revision only then); the
+next SIGUSR2 stops it and writes the statistics to ``operator-<pid>-<n>.pstats`` beside it. Unlike py-spy's
+samples, each function's calls are counted exactly; every call pays the profiler's own cost, so call-heavy code
+looks heavier than it is.
 
 From Python 3.12 cProfile listens through ``sys.monitoring``, whose events come from every thread of the process,
 and the operator runs threads beside its loop (the metrics server the bench scrapes, the Kubernetes client's
@@ -32,14 +34,17 @@ _written = 0
 
 def _toggle(_signum: int, _frame: Any) -> None:
     global _profile, _written
+    out = pathlib.Path(os.environ["ROLLOUTFLEET_BENCH_CPROFILE_DIR"]) / f"operator-{os.getpid()}-{_written + 1}"
     if _profile is None:
         _profile = cProfile.Profile(time.thread_time)
         _profile.enable()
         _only_this_thread()
+        # Only now may the revision start: a signal is handled when the loop next runs Python, and before this
+        # marker the bench slept 0.5 s and hoped (a busy 2-core box could have missed the revision's start).
+        out.with_suffix(".started").touch()
         return
     _profile.disable()
     _written += 1
-    out = pathlib.Path(os.environ["ROLLOUTFLEET_BENCH_CPROFILE_DIR"]) / f"operator-{os.getpid()}-{_written}"
     _profile.dump_stats(f"{out}.partial")
     os.replace(f"{out}.partial", f"{out}.pstats")  # the bench waits for this name: whole or absent
     _profile = None

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from typing import Any, cast
 
@@ -210,11 +211,28 @@ def test_the_cprofile_hook_profiles_the_process_between_two_signals(tmp_path: pa
     subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60)
     written = bench._read_cprofile(tmp_path, set(), timeout=5)
     assert written is not None and not list(tmp_path.glob("*.partial"))
+    # The start is said beside it, under the same name: the bench creates the revision only once it is there.
+    assert written.with_suffix(".started").exists()
     stats = pstats.Stats(str(written)).stats  # type: ignore[attr-defined]
     calls = {key[2]: entry[1] for key, entry in stats.items()}
     assert calls["counted"] == 37
     summary = bench.summarize_cprofile(stats, pods=37)
     assert summary["profiled_cpu_s"] >= 0 and any(f["function"].startswith("counted (") for f in summary["top_self"])
+
+
+def test_the_bench_waits_for_the_operator_to_say_its_profile_started(tmp_path: pathlib.Path) -> None:
+    """The bench slept 0.5 s after the starting signal and hoped the operator's loop had handled it; a signal is
+    handled only when the loop next runs Python, so a revision's first steps could escape the profile. It now
+    waits for the hook's marker, one it had not seen before, and says so when none comes."""
+    old = tmp_path / "operator-1-1.started"
+    old.touch()
+    assert not bench._await_cprofile_start(tmp_path, {old}, timeout=0.05)  # only an earlier profile's marker
+    timer = threading.Timer(0.1, (tmp_path / "operator-1-2.started").touch)
+    timer.start()
+    try:
+        assert bench._await_cprofile_start(tmp_path, {old}, timeout=5)
+    finally:
+        timer.cancel()
 
 
 def _interpreters_from_3_12() -> list[str]:
