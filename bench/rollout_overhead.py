@@ -608,10 +608,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _proc_times(pid: int) -> tuple[float, float] | None:
-    """User and system CPU seconds (all threads) of a live process, from /proc; None for one that is gone."""
+def _proc_times(pid: int, thread: int | None = None) -> tuple[float, float] | None:
+    """User and system CPU seconds (all threads) of a live process, from /proc, or of its thread ``thread`` alone;
+    None for one that is gone."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
     try:
-        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = pathlib.Path(path).read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
     tick = os.sysconf("SC_CLK_TCK")
@@ -625,16 +627,17 @@ def _proc_cpu(pid: int) -> float:
 
 
 def _proc_sched(pid: int) -> dict[str, float]:
-    """How a process spent its CPU: user and system seconds (all threads), and its main thread's voluntary
-    context switches (the event loop's: each one a sleep in epoll and a wake-up after it). Empty when gone."""
-    times = _proc_times(pid)
+    """How a process spent its CPU: user and system seconds (all threads), its main thread's (the event loop's:
+    what a profile of the loop sees; the rest is the Kubernetes client's pool, the metrics server), and its main
+    thread's voluntary context switches (each one a sleep in epoll and a wake-up after it). Empty when gone."""
+    times, main = _proc_times(pid), _proc_times(pid, thread=pid)
     try:
         status = pathlib.Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return {}
-    if times is None:
+    if times is None or main is None:
         return {}
-    out = {"user_s": times[0], "system_s": times[1]}
+    out = {"user_s": times[0], "system_s": times[1], "main_thread_s": main[0] + main[1]}
     for line in status.splitlines():
         if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")):
             key, value = line.split(":")
@@ -647,11 +650,14 @@ def _sched_delta(after: dict[str, float], before: dict[str, float], pods: int) -
     if not after or not before:
         return None
     user, system = after["user_s"] - before["user_s"], after["system_s"] - before["system_s"]
+    loop = after["main_thread_s"] - before["main_thread_s"]
     woken = after.get("voluntary_ctxt_switches", 0.0) - before.get("voluntary_ctxt_switches", 0.0)
     preempted = after.get("nonvoluntary_ctxt_switches", 0.0) - before.get("nonvoluntary_ctxt_switches", 0.0)
     return {
         "user_s": round(user, 2),
         "system_s": round(system, 2),
+        "loop_thread_s": round(loop, 2),
+        "other_threads_s": round(user + system - loop, 2),
         "loop_wakeups": int(woken),
         "loop_wakeups_per_pod": round(woken / pods, 2),
         "loop_preempted": int(preempted),
