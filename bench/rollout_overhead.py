@@ -770,6 +770,7 @@ def _request_counts(port: int) -> dict[str, dict[str, float]]:
     engine: dict[str, float] = collections.defaultdict(float)
     kube: dict[str, float] = collections.defaultdict(float)
     gc_seconds: dict[str, float] = {}
+    lag: dict[str, float] = {}
     connections = {"engine": 0.0, "kube": 0.0}
     for name, labels, value in _metrics(port):
         if name == "rolloutfleet_engine_connections_opened_total":
@@ -782,7 +783,26 @@ def _request_counts(port: int) -> dict[str, dict[str, float]]:
             kube[labels.get("verb", "?")] += value
         elif name == "rolloutfleet_gc_seconds_total":
             gc_seconds[labels.get("generation", "?")] = value
-    return {"engine": dict(engine), "kube": dict(kube), "gc": gc_seconds, "connections": connections}
+        elif name == "rolloutfleet_event_loop_lag_seconds_bucket":
+            lag[labels.get("le", "?")] = value
+    return {"engine": dict(engine), "kube": dict(kube), "gc": gc_seconds, "connections": connections, "lag": lag}
+
+
+def loop_lag_summary(after: dict[str, float], before: dict[str, float]) -> dict[str, Any] | None:
+    """The operator's event-loop lag samples over a revision (``rolloutfleet_event_loop_lag_seconds``'s cumulative
+    buckets read before and after): how many, how many ran over 10, 50 and 250 ms late, and the bound of the
+    bucket that holds the worst (``+Inf`` past the last); None for an operator without the metric."""
+    if not after:
+        return None
+    counts = {le: after[le] - before.get(le, 0.0) for le in after}
+    total = counts.get("+Inf", 0.0)
+    bounds = sorted((float(le), n) for le, n in counts.items() if le != "+Inf")
+    worst = next((le for le, n in bounds if n >= total), math.inf) if total else 0.0
+    return {
+        "samples": int(total),
+        **{f"over_{ms}ms": int(total - counts.get(str(ms / 1000), total)) for ms in (10, 50, 250)},
+        "worst_under_s": "+Inf" if worst == math.inf else worst,
+    }
 
 
 # What the API server itself counts (its /metrics): every client's requests, not only the operator's, and
@@ -1352,6 +1372,7 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
     engines = round(sum(v for k, v in cpu.items() if k.startswith("engines.")), 2)
     engine_req, kube_req = _delta(req1["engine"], req0["engine"]), _delta(req1["kube"], req0["kube"])
     gc_s = _delta(req1["gc"], req0["gc"])
+    lag = loop_lag_summary(req1["lag"], req0["lag"])
     phase = status.get("phase") or "Timeout"
     row = {
         "kind": "scenario",
@@ -1387,6 +1408,7 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         "engine_connections_per_pod": round(_delta(req1["connections"], req0["connections"]).get("engine", 0.0) / n, 3),
         # New TLS connections to the API server for the revision's requests (each a handshake).
         "kube_connections": round(_delta(req1["connections"], req0["connections"]).get("kube", 0.0)),
+        "loop_lag": lag,
         "engine_keep_alive_s": args.engine_keep_alive,
         "idle_before_s": args.idle_before,
         "followers_watch": "all" if args.followers_watch_all or args.engine_procs < 2 else "own share",

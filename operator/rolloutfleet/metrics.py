@@ -15,6 +15,9 @@ from prometheus_client.registry import Collector
 
 _M = TypeVar("_M", prom.Counter, prom.Gauge, prom.Histogram)
 STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+# How late the event loop runs what is due (``handlers.event_loop.watch_lag``): a few ms is an idle loop, tens of
+# ms a busy one, a second or more a loop that holds back every engine call and watch event behind it.
+LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
 class Metrics:
@@ -114,6 +117,13 @@ class Metrics:
         self.kube_throttled = prom.Counter(
             "rolloutfleet_kube_throttled_total",
             "Answers of 429 Too Many Requests from the Kubernetes API that the operator waited out and sent again.",
+            registry=r,
+        )
+        self.loop_lag = prom.Histogram(
+            "rolloutfleet_event_loop_lag_seconds",
+            "How late the operator's event loop ran a timer that was due (sampled every half second): the time "
+            "every engine call, Kubernetes request and watch event waits behind the work queued before it.",
+            buckets=LAG_BUCKETS,
             registry=r,
         )
         self.kube_requests = prom.Counter(

@@ -7,6 +7,7 @@ in one place (``_temporary``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any
@@ -15,7 +16,7 @@ import kopf
 
 from rolloutfleet.adapters.kube import Kube, KubeError
 from rolloutfleet.api import common
-from rolloutfleet.handlers import gc_tuning
+from rolloutfleet.handlers import event_loop, gc_tuning
 from rolloutfleet.handlers.diffbase import SpecDiffBaseStorage
 from rolloutfleet.metrics import Metrics
 from rolloutfleet.reconcile import fleet as fleet_reconcile
@@ -58,6 +59,7 @@ async def configure(
     gc_clock.install()
     memo.gc_clock = gc_clock
     metrics.watch_gc(lambda: tuple(gc_clock.seconds))
+    memo.lag_watch = asyncio.create_task(event_loop.watch_lag(metrics.loop_lag.observe))
     port = int(os.environ.get(METRICS_PORT_ENV, "0") or 0)
     if port:
         metrics.serve(port)
@@ -75,7 +77,10 @@ async def configure(
 
 @kopf.on.cleanup()
 async def shutdown(memo: kopf.Memo, **_: Any) -> None:
-    """Release the Kubernetes client's threads."""
+    """Release the Kubernetes client's threads; stop the loop's lag samples."""
+    lag_watch: asyncio.Task[None] | None = getattr(memo, "lag_watch", None)
+    if lag_watch is not None:
+        lag_watch.cancel()
     gc_clock: gc_tuning.CollectorClock | None = getattr(memo, "gc_clock", None)
     if gc_clock is not None:
         gc_clock.remove()

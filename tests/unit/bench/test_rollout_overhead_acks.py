@@ -338,3 +338,21 @@ def test_a_cprofile_summary_gives_each_area_its_share_and_calls_per_pod() -> Non
             "self_us_per_call": 146.5,
         },
     ]
+
+
+def test_a_revision_s_loop_lag_is_read_from_the_histogram_s_buckets_before_and_after() -> None:
+    """``rolloutfleet_event_loop_lag_seconds`` is cumulative (each bucket counts the samples at or under its bound,
+    since the operator started): a revision's samples are the differences, and the worst is the first bound whose
+    count holds them all."""
+    before = {"0.01": 8.0, "0.05": 10.0, "0.25": 10.0, "1.0": 10.0, "+Inf": 10.0}
+    after = {"0.01": 40.0, "0.05": 47.0, "0.25": 49.0, "1.0": 50.0, "+Inf": 50.0}
+    assert bench.loop_lag_summary(after, before) == {
+        "samples": 40,
+        "over_10ms": 8,
+        "over_50ms": 3,
+        "over_250ms": 1,
+        "worst_under_s": 1.0,
+    }
+    stalled = {**after, "+Inf": 51.0}
+    assert bench.loop_lag_summary(stalled, before)["worst_under_s"] == "+Inf"  # type: ignore[index]
+    assert bench.loop_lag_summary({}, {}) is None  # an operator before the metric

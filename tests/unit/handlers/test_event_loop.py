@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import sys
+import time
 
 import pytest
 import run_cli
 import uvloop
 
 from rolloutfleet.handlers import event_loop
+from rolloutfleet.metrics import Metrics
 
 pytestmark = pytest.mark.unit
 
@@ -80,3 +82,34 @@ async def test_run_starts_on_the_loop_chosen(tmp_path: pathlib.Path, asked: str)
     finally:
         proc.terminate()
         await proc.wait()
+
+
+async def test_the_lag_is_how_late_a_due_timer_ran_behind_the_loop_s_work() -> None:
+    """``watch_lag`` feeds ``rolloutfleet_event_loop_lag_seconds``: the time a callback that is due waits for the
+    loop. An idle loop runs it on time; a callback that holds the loop 0.2 s (as a large status build or a burst
+    of watch events would) delays the next sample by about that much, and that is what must be observed."""
+    observed: list[float] = []
+    watch = asyncio.create_task(event_loop.watch_lag(observed.append, interval=0.05))
+    try:
+        while len(observed) < 3:
+            await asyncio.sleep(0.01)
+        assert all(0 <= lag < 0.04 for lag in observed)  # idle: on time, within the loop's timer resolution
+        before = len(observed)
+        asyncio.get_running_loop().call_soon(time.sleep, 0.2)  # the loop's one thread busy for 0.2 s
+        while len(observed) <= before + 1:
+            await asyncio.sleep(0.01)
+        assert max(observed[before:]) >= 0.1
+    finally:
+        watch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await watch
+
+
+def test_the_lag_is_exported_with_buckets_from_an_idle_loop_to_a_stalled_one() -> None:
+    metrics = Metrics()
+    metrics.loop_lag.observe(0.002)
+    metrics.loop_lag.observe(1.5)
+    sample = metrics.registry.get_sample_value
+    assert sample("rolloutfleet_event_loop_lag_seconds_count") == 2
+    assert sample("rolloutfleet_event_loop_lag_seconds_bucket", {"le": "0.005"}) == 1
+    assert sample("rolloutfleet_event_loop_lag_seconds_bucket", {"le": "2.5"}) == 2
