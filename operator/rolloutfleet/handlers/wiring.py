@@ -59,7 +59,6 @@ async def configure(
     gc_clock.install()
     memo.gc_clock = gc_clock
     metrics.watch_gc(lambda: tuple(gc_clock.seconds))
-    memo.lag_watch = asyncio.create_task(event_loop.watch_lag(metrics.loop_lag.observe))
     port = int(os.environ.get(METRICS_PORT_ENV, "0") or 0)
     if port:
         metrics.serve(port)
@@ -73,6 +72,9 @@ async def configure(
         metrics=metrics,
         operator_namespace=os.environ.get("ROLLOUTFLEET_OPERATOR_NAMESPACE") or None,
     )
+    # Last: a startup that fails above (the metrics port taken, no credentials) is retried by kopf, and a watch
+    # started before the failure would run on, unstopped, beside the one the retry starts.
+    memo.lag_watch = asyncio.create_task(event_loop.watch_lag(metrics.loop_lag.observe))
 
 
 @kopf.on.cleanup()
