@@ -56,8 +56,6 @@ async def configure(
     settings.scanning.disabled = os.environ.get(CLUSTER_WIDE_ENV) != "1"
     metrics = Metrics()
     gc_clock = gc_tuning.CollectorClock()
-    gc_clock.install()
-    memo.gc_clock = gc_clock
     metrics.watch_gc(lambda: tuple(gc_clock.seconds))
     port = int(os.environ.get(METRICS_PORT_ENV, "0") or 0)
     if port:
@@ -72,8 +70,10 @@ async def configure(
         metrics=metrics,
         operator_namespace=os.environ.get("ROLLOUTFLEET_OPERATOR_NAMESPACE") or None,
     )
-    # Last: a startup that fails above (the metrics port taken, no credentials) is retried by kopf, and a watch
-    # started before the failure would run on, unstopped, beside the one the retry starts.
+    # Last: a startup that fails above (the metrics port taken, no credentials) is retried by kopf, and a
+    # collector clock or a lag watch started before the failure would run on, never removed, beside the retry's.
+    gc_clock.install()
+    memo.gc_clock = gc_clock
     memo.lag_watch = asyncio.create_task(event_loop.watch_lag(metrics.loop_lag.observe))
 
 
