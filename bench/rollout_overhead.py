@@ -401,26 +401,28 @@ def summarize_cprofile(stats: CProfileStats, pods: int, *, top: int = 20) -> dic
     }
 
 
+def _new_file(
+    directory: pathlib.Path, pattern: str, before: set[pathlib.Path], timeout: float, poll: float
+) -> pathlib.Path | None:
+    """The newest file matching ``pattern`` that is not in ``before``, once one appears within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        new = set(directory.glob(pattern)) - before
+        if new:
+            return max(new, key=lambda f: f.stat().st_mtime)
+        time.sleep(poll)
+    return None
+
+
 def _await_cprofile_start(directory: pathlib.Path, before: set[pathlib.Path], timeout: float = 10) -> bool:
     """Whether the operator said it started profiling (a ``.started`` marker not in ``before``) within
     ``timeout``: the revision is created only after, so that its first steps are in the profile."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if set(directory.glob("operator-*.started")) - before:
-            return True
-        time.sleep(0.01)
-    return False
+    return _new_file(directory, "operator-*.started", before, timeout, poll=0.01) is not None
 
 
 def _read_cprofile(directory: pathlib.Path, before: set[pathlib.Path], timeout: float = 60) -> pathlib.Path | None:
     """The statistics file the operator writes after the stopping signal (a name not in ``before``)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        new = set(directory.glob("operator-*.pstats")) - before
-        if new:
-            return max(new, key=lambda f: f.stat().st_mtime)
-        time.sleep(0.1)
-    return None
+    return _new_file(directory, "operator-*.pstats", before, timeout, poll=0.1)
 
 
 # -- the follower process: simulated engines, latencies from a file ----------------------------------------
