@@ -83,6 +83,7 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
     lag_watch: asyncio.Task[None] | None = getattr(memo, "lag_watch", None)
     if lag_watch is not None:
         lag_watch.cancel()
+        await asyncio.gather(lag_watch, return_exceptions=True)  # ended here, not pending when the loop closes
     gc_clock: gc_tuning.CollectorClock | None = getattr(memo, "gc_clock", None)
     if gc_clock is not None:
         gc_clock.remove()

@@ -1,0 +1,36 @@
+"""The operator's start-up handler (``handlers.wiring.configure``) leaves nothing running when it fails.
+
+kopf runs a start-up handler that raised again. What ``configure`` starts that outlives it (the collector clock in
+``gc.callbacks``, the event loop's lag watch) is started last, after everything that can fail (the metrics port,
+the cluster credentials): started before, each failed attempt left one more of them running, never removed, beside
+the attempt that succeeded (a second clock timing every collection, a second watch sampling twice a second).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import pathlib
+
+import kopf
+import pytest
+
+from rolloutfleet.handlers import wiring
+
+pytestmark = pytest.mark.unit
+
+
+async def test_a_start_up_that_fails_starts_neither_the_collector_clock_nor_the_lag_watch(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing-kubeconfig"))  # no credentials: the client refuses
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv(wiring.METRICS_PORT_ENV, raising=False)
+    memo = kopf.Memo()
+    callbacks, tasks = list(gc.callbacks), asyncio.all_tasks()
+    with pytest.raises(Exception, match=r"(?i)config"):
+        await wiring.configure(settings=kopf.OperatorSettings(), memo=memo, logger=logging.getLogger(__name__))
+    assert gc.callbacks == callbacks
+    assert asyncio.all_tasks() == tasks
+    assert not hasattr(memo, "lag_watch") and not hasattr(memo, "gc_clock")
