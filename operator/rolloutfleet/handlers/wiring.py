@@ -45,7 +45,7 @@ async def configure(
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
-    settings.batching.worker_limit = 64
+    settings.queueing.worker_limit = 64
     settings.networking.request_timeout = 60
     # A stopped revision loop at rest exits within this; kopf then finishes a fleet's deletion at once
     # instead of re-checking after the daemon's whole cancellation backoff (the shutdown grace).
