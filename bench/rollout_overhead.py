@@ -348,6 +348,10 @@ def summarize_profile(raw: str, *, top: int = 15, library_top: int = 10, native:
     }
 
 
+# The control plane's processes other than the API server and etcd, together in the CPU split (each apart in
+# the JSON's ``other_control_plane_by_process``).
+OTHER_CONTROL_PLANE = "other control plane"
+
 # --profile-cprofile: the operator's event loop under cProfile with its thread's CPU clock
 # (bench/operator_cprofile/sitecustomize.py), per scenario.
 CPROFILE_HOOK = pathlib.Path(__file__).resolve().parent / "operator_cprofile"
@@ -835,6 +839,40 @@ def _server_metrics(local: Any) -> dict[str, float]:
     return server_counts(raw if isinstance(raw, str) else "")
 
 
+def controller_queue_counts(text: str) -> dict[str, float]:
+    """Each work queue's seconds in its workers and items added, from a controller's /metrics text (keys
+    ``seconds <queue>`` and ``adds <queue>``): which of the controller manager's controllers the CPU in "other
+    control plane" went to (its endpoint slices, the StatefulSet's status, the disruption budget)."""
+    out: dict[str, float] = {}
+    names = {"workqueue_work_duration_seconds_sum": "seconds", "workqueue_adds_total": "adds"}
+    for match in re.finditer(
+        r"^(workqueue_work_duration_seconds_sum|workqueue_adds_total)\{([^}]*)\} (\S+)$", text, re.M
+    ):
+        queue = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2))).get("name", "?")
+        key = f"{names[match.group(1)]} {queue}"
+        out[key] = out.get(key, 0.0) + float(match.group(3))
+    return out
+
+
+def _controller_queues(local: Any) -> dict[str, float]:
+    try:
+        return controller_queue_counts(local.component_metrics("kube-controller-manager"))
+    except (OSError, ValueError, RuntimeError) as exc:  # (RuntimeError: ClusterError, a cluster without the port)
+        _log(f"controller manager metrics: {exc}")
+        return {}
+
+
+def controller_queue_summary(after: dict[str, float], before: dict[str, float]) -> dict[str, dict[str, float]]:
+    """The queues that worked during a revision: ``{queue: {"seconds": s, "adds": n}}``, the busiest first."""
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    queues = {k.split(" ", 1)[1] for k in delta}
+    out = {
+        q: {"seconds": round(delta.get(f"seconds {q}", 0.0), 3), "adds": delta.get(f"adds {q}", 0.0)} for q in queues
+    }
+    busy = {q: v for q, v in out.items() if v["seconds"] > 0 or v["adds"] > 0}
+    return dict(sorted(busy.items(), key=lambda kv: -kv[1]["seconds"]))
+
+
 def _apiserver_profile(local: Any, seconds: int, path: pathlib.Path) -> threading.Thread:
     """The API server's CPU profile (Go pprof) over the next ``seconds``, written to ``path`` by a thread."""
 
@@ -930,6 +968,7 @@ class Fleet:
     followers: list[subprocess.Popen[bytes]]
     latency_file: pathlib.Path
     components: dict[int, str]  # control-plane pid -> role
+    component_names: dict[int, str]  # control-plane pid -> its command name (the split of "other control plane")
     reset_prefix_cache: bool
     serial: int = 0
 
@@ -1020,7 +1059,10 @@ class Fleet:
         for i, follower in enumerate(self.followers):
             out[f"engines.{i}"] = _proc_cpu(follower.pid)
         for pid, role in self.components.items():
-            out[role] += _proc_cpu(pid)
+            used = _proc_cpu(pid)
+            out[role] += used
+            if role == OTHER_CONTROL_PLANE:
+                out[f"{OTHER_CONTROL_PLANE}.{self.component_names[pid]}"] += used  # (not summed: a split)
         out["bench"] = _proc_cpu(os.getpid())
         if spy is not None:
             out["py-spy"] = _proc_cpu(spy)
@@ -1147,11 +1189,12 @@ def start_fleet(n: int, args: argparse.Namespace, tmp: pathlib.Path, stack: cont
         time.sleep(0.2)
     create_weights_volume(core, NAMESPACE, "/synthetic")
     # The control plane's processes, before ours exist (the followers' command lines name the kubeconfig).
-    components = {}
+    components, component_names = {}, {}
     for pid in local.pids():
         with contextlib.suppress(OSError):
             comm = pathlib.Path(f"/proc/{pid}/comm").read_text().strip()
-            components[pid] = comm if comm in ("kube-apiserver", "etcd") else "other control plane"
+            components[pid] = comm if comm in ("kube-apiserver", "etcd") else OTHER_CONTROL_PLANE
+            component_names[pid] = comm
     metrics_port = _free_port()
     env = dict(
         os.environ,
@@ -1227,6 +1270,7 @@ def start_fleet(n: int, args: argparse.Namespace, tmp: pathlib.Path, stack: cont
         followers=followers,
         latency_file=latency_file,
         components=components,
+        component_names=component_names,
         reset_prefix_cache=prefix_caching_on(RolloutFleetSpec.model_validate(spec)),
     )
     timeout = 120 + 0.25 * n
@@ -1326,7 +1370,7 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         peak_reset = _reset_peak(fleet.operator.pid)
         req0, cpu0 = _request_counts(fleet.metrics_port), fleet.cpu(spy.pid if spy else None)
         sched0 = _proc_sched(fleet.operator.pid)
-        server0 = _server_metrics(fleet.local)
+        server0, queues0 = _server_metrics(fleet.local), _controller_queues(fleet.local)
         pprof = pathlib.Path(tempfile.gettempdir()) / f"rf-bench-apiserver-{n}-{index}-{scenario.name}.pprof"
         profiling = _apiserver_profile(fleet.local, args.apiserver_profile, pprof) if args.apiserver_profile else None
         with contextlib.ExitStack() as sampling:
@@ -1338,6 +1382,7 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         sched1 = _proc_sched(fleet.operator.pid)
         cpu1, req1 = fleet.cpu(spy.pid if spy else None), _request_counts(fleet.metrics_port)
         server = _delta(_server_metrics(fleet.local), server0)
+        queues = controller_queue_summary(_controller_queues(fleet.local), queues0)
         if profiling is not None:
             profiling.join()
         peak, rss = _rss_mb(fleet.operator.pid)
@@ -1371,6 +1416,9 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
     cpu = {k: round(cpu1.get(k, 0.0) - cpu0.get(k, 0.0), 2) for k in cpu1}
     wall = cpu.pop("t")
     machine = cpu.pop("machine")
+    # "other control plane" by process (the controller manager, the scheduler, kwok), kept out of the sums below
+    split = f"{OTHER_CONTROL_PLANE}."
+    other_by_process = {k[len(split) :]: cpu.pop(k) for k in [k for k in cpu if k.startswith(split)]}
     engines = round(sum(v for k, v in cpu.items() if k.startswith("engines.")), 2)
     engine_req, kube_req = _delta(req1["engine"], req0["engine"]), _delta(req1["kube"], req0["kube"])
     gc_s = _delta(req1["gc"], req0["gc"])
@@ -1429,6 +1477,9 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
             "kube-apiserver": cpu.get("kube-apiserver", 0.0),
             "etcd": cpu.get("etcd", 0.0),
             "other control plane": cpu.get("other control plane", 0.0),
+            "other_control_plane_by_process": other_by_process,
+            # The controller manager's work queues: seconds in their workers (wall, not CPU) and items added.
+            "controller_queues": queues,
             "bench": round(cpu["bench"] + cpu.get("py-spy", 0.0), 2),
             "rest of machine": round(machine - sum(v for k, v in cpu.items()), 2),
             "machine_busy": round(machine, 2),

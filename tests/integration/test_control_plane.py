@@ -199,3 +199,15 @@ def test_sandbox_up_status_down_leaves_no_process(local_cluster: cluster.Cluster
         assert _sandbox("status", *where).returncode == 3
     finally:
         target.stop(quiet=True)
+
+
+def test_the_controller_manager_s_and_scheduler_s_metrics_are_read_as_the_admin(local_cluster: cluster.Cluster) -> None:
+    """The bench splits the control plane's CPU by what the controller manager's work queues did
+    (``Cluster.component_metrics``): both serve /metrics only to a client the API server authorizes, so this
+    proves the admin's token is accepted through their delegated checks and the queues are there to read."""
+    text = local_cluster.component_metrics("kube-controller-manager")
+    assert 'workqueue_adds_total{name="statefulset"}' in text
+    assert "workqueue_work_duration_seconds_sum" in text
+    assert "scheduler_" in local_cluster.component_metrics("kube-scheduler")
+    with pytest.raises(cluster.ClusterError):
+        local_cluster.component_metrics("kwok")  # not one of the two

@@ -237,6 +237,21 @@ class Cluster:
             found.update(processes.matching(data_dir))
         return sorted(found)
 
+    def component_metrics(self, name: str) -> str:
+        """The /metrics text of ``kube-controller-manager`` or ``kube-scheduler`` (what each controller's work
+        queue did: the bench's split of the control plane's CPU), read as the admin: they delegate the check to
+        the apiserver. Their serving certificate is self-signed (``_https_ok``), and this is loopback."""
+        key = {"kube-controller-manager": "controller_manager", "kube-scheduler": "scheduler"}.get(name, "")
+        port = self._state().get("ports", {}).get(key)
+        if not port:
+            raise ClusterError(f"no metrics port for {name!r} in cluster {self.name!r}")
+        req = urllib.request.Request(
+            f"https://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {self.pki.admin_token()}"}
+        )
+        context = ssl._create_unverified_context()  # noqa: S323
+        with urllib.request.urlopen(req, context=context, timeout=30) as resp:  # noqa: S310
+            return str(resp.read().decode())
+
     # -- HTTP to the apiserver ----------------------------------------------------------------------
 
     def ssl_context(self) -> ssl.SSLContext:

@@ -356,3 +356,27 @@ def test_a_revision_s_loop_lag_is_read_from_the_histogram_s_buckets_before_and_a
     stalled = {**after, "+Inf": 51.0}
     assert bench.loop_lag_summary(stalled, before)["worst_under_s"] == "+Inf"  # type: ignore[index]
     assert bench.loop_lag_summary({}, {}) is None  # an operator before the metric
+
+
+def test_the_controller_manager_s_queues_are_read_from_its_metrics_before_and_after() -> None:
+    """The controller manager's work queues (``workqueue_*`` with the queue's ``name``) say which of its controllers
+    the "other control plane" CPU went to; a revision's share is the difference of the cumulative counters, and the
+    queues that did nothing in it are left out."""
+    text = textwrap.dedent(
+        """\
+        # HELP workqueue_adds_total [ALPHA] Total number of adds handled by workqueue
+        workqueue_adds_total{name="endpoint_slice"} 120
+        workqueue_adds_total{name="statefulset"} 30
+        workqueue_adds_total{name="disruption"} 4
+        workqueue_work_duration_seconds_sum{name="endpoint_slice"} 2.5
+        workqueue_work_duration_seconds_sum{name="statefulset"} 0.25
+        workqueue_work_duration_seconds_sum{name="disruption"} 0.01
+        workqueue_work_duration_seconds_count{name="endpoint_slice"} 120
+        """
+    )
+    before = bench.controller_queue_counts(text)
+    assert before["seconds endpoint_slice"] == 2.5 and before["adds statefulset"] == 30.0
+    after = {**before, "seconds endpoint_slice": 7.5, "adds endpoint_slice": 2168.0, "adds statefulset": 31.0}
+    summary = bench.controller_queue_summary(after, before)
+    assert list(summary) == ["endpoint_slice", "statefulset"]  # the busiest first; "disruption" did nothing
+    assert summary["endpoint_slice"] == {"seconds": 5.0, "adds": 2048.0}
