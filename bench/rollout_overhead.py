@@ -855,8 +855,11 @@ def controller_queue_counts(text: str) -> dict[str, float]:
 
 
 def _controller_queues(local: Any) -> dict[str, float]:
+    read = getattr(local, "component_metrics", None)  # (None: an older operator tree first on PYTHONPATH, A/B)
+    if read is None:
+        return {}
     try:
-        return controller_queue_counts(local.component_metrics("kube-controller-manager"))
+        return controller_queue_counts(read("kube-controller-manager"))
     except (OSError, ValueError, RuntimeError) as exc:  # (RuntimeError: ClusterError, a cluster without the port)
         _log(f"controller manager metrics: {exc}")
         return {}
