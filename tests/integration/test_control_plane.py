@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from rolloutfleet.resources import labels
 from rolloutfleet.sandbox import cluster, nodes, processes
 
 from .conftest import KubeTarget, looks_like_test_context
@@ -211,3 +212,41 @@ def test_the_controller_manager_s_and_scheduler_s_metrics_are_read_as_the_admin(
     assert "scheduler_" in local_cluster.component_metrics("kube-scheduler")
     with pytest.raises(cluster.ClusterError):
         local_cluster.component_metrics("kwok")  # not one of the two
+
+
+def test_a_gated_pod_is_ready_only_while_its_weights_gate_is_true_as_a_kubelet_decides(
+    local_cluster: cluster.Cluster, k8s_api: client.ApiClient, namespace: str, wait_for: Callable[..., Any]
+) -> None:
+    """A kubelet's Ready is its containers ready and every readiness gate True, recomputed when a gate changes;
+    kwok's own stages made a pod Ready at start and kept it so (``cluster.with_kubelet_readiness``). Pods behind
+    the fleet's Service, its StatefulSet's rolling update and its disruption budget all go by Ready, so the sandbox
+    must flip it as a cluster does: not Ready before the operator opens the gate, Ready after, not Ready again
+    while the gate is closed for a reload. (A pod without gates stays Ready from the start: the test above.)"""
+    core = client.CoreV1Api(k8s_api)
+    spec = _gpu_statefulset("gated", 1)
+    spec["spec"]["template"]["spec"]["readinessGates"] = [{"conditionType": labels.WEIGHTS_READY_CONDITION}]
+    client.AppsV1Api(k8s_api).create_namespaced_stateful_set(namespace, spec)
+
+    def conditions() -> dict[str, str]:
+        pod = core.read_namespaced_pod("gated-0", namespace)
+        return {c.type: c.status for c in pod.status.conditions or []}
+
+    def running() -> bool:
+        pods = core.list_namespaced_pod(namespace, label_selector="app=gated").items
+        return bool(pods) and pods[0].status.phase == "Running"
+
+    wait_for(running, timeout=60, what="the gated pod Running")
+    wait_for(lambda: conditions().get("ContainersReady") == "True", timeout=30, what="containers ready")
+    assert conditions().get("Ready") == "False", conditions()  # started gated: not Ready, as a kubelet reports it
+
+    def set_gate(value: str) -> None:
+        condition = {"type": labels.WEIGHTS_READY_CONDITION, "status": value}
+        core.patch_namespaced_pod_status("gated-0", namespace, {"status": {"conditions": [condition]}})
+
+    set_gate("True")
+    wait_for(lambda: conditions().get("Ready") == "True", timeout=30, what="Ready after the gate opened")
+    set_gate("False")
+    wait_for(lambda: conditions().get("Ready") == "False", timeout=30, what="not Ready after the gate closed")
+    assert conditions()[labels.WEIGHTS_READY_CONDITION] == "False"
+    set_gate("True")
+    wait_for(lambda: conditions().get("Ready") == "True", timeout=30, what="Ready again")

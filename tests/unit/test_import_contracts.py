@@ -58,11 +58,13 @@ DIGEST = _contract("digest definition imports neither")
 PLANTS: dict[str, tuple[str, str, set[str]]] = {
     # The review's example: the simulator reached from the reconcile core.
     "sim-in-reconcile": ("rolloutfleet/reconcile/revision.py", "from rolloutfleet import sim", {LAYERS, TOOLING}),
-    # The sandbox from the lowest layer; also a cycle, since the sandbox demo imports api.
+    # The sandbox from the lowest layer; also a cycle, since the sandbox demo imports api, and the trainer client
+    # (which imports api) would reach the operator's resources through it (the sandbox's cluster reads the
+    # weights gate's name from resources.labels).
     "sandbox-in-api": (
         "rolloutfleet/api/common.py",
         "from rolloutfleet.sandbox import cluster",
-        {LAYERS, TOOLING, ACYCLIC},
+        {LAYERS, TOOLING, ACYCLIC, TRAINER_TO_OPERATOR},
     ),
     # Upward: the pure planner reaching for the kopf layer, closing a cycle through reconcile.
     "planning-to-handlers": (

@@ -39,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from rolloutfleet.resources import labels
 from rolloutfleet.sandbox import binaries, certs, nodes, processes, waiting
 
 SERVICE_CIDR = "10.96.0.0/16"
@@ -455,7 +456,7 @@ class Cluster:
         # Only stages here: a KwokConfiguration document in --config replaces kwok's defaults wholesale
         # (it then fails with "node leases parallelism must be greater than 0"); the options are flags.
         stages = binaries.asset_path("kwok", "stages.yaml").read_text()
-        (self.directory / "kwok.yaml").write_text(without_gate_stage(stages))
+        (self.directory / "kwok.yaml").write_text(with_kubelet_readiness(without_gate_stage(stages)))
 
     def stop(self, *, quiet: bool = False) -> None:
         """Stop every component (process groups, SIGTERM then SIGKILL) and remove the etcd data."""
@@ -507,3 +508,97 @@ _GATE_STAGE = re.compile(r"\n[ \t]*\{\{ range \.spec\.readinessGates \}\}.*?\{\{
 def without_gate_stage(stages: str) -> str:
     """kwok's stages without the template block that sets readiness gates (the operator sets ours)."""
     return _GATE_STAGE.sub("", stages)
+
+
+# A kubelet's Ready is its containers ready *and* every readiness gate of the pod's spec True, recomputed
+# whenever a gate changes; kwok's pod-ready stage marks Ready True once at start, whatever the gates say. So
+# in the sandbox a pod was Ready (behind its Service, counted by its StatefulSet and disruption budget) before
+# the operator opened its gate, stayed Ready while the gate was closed for a reload, and a gate change made
+# one pod update where a cluster makes two (bench/results/rollout_overhead.md). The pod-ready stage now starts
+# a gated pod not Ready, and two stages of ours flip Ready after the weights gate, as a kubelet does.
+_READY_AT_START = re.compile(r'(\n[ \t]*status: )"True"(\n[ \t]*type: Ready\n)')
+_GATED_READY_STAGES = """
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-gate-opened-ready
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Running']
+    - key: '.status.conditions.[] | select( .type == "ContainersReady" ) | .status'
+      operator: 'In'
+      values: ['True']
+    - key: '.status.conditions.[] | select( .type == "GATE" ) | .status'
+      operator: 'In'
+      values: ['True']
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: 'NotIn'
+      values: ['True']
+  next:
+    statusTemplate: |
+      conditions:
+      - lastTransitionTime: {{ Now | Quote }}
+        status: "True"
+        type: Ready
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-gate-closed-not-ready
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Running']
+    - key: '.spec.readinessGates.[] | select( .conditionType == "GATE" ) | .conditionType'
+      operator: 'In'
+      values: ['GATE']
+    - key: '.status.conditions.[] | select( .type == "GATE" ) | .status'
+      operator: 'NotIn'
+      values: ['True']
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: 'In'
+      values: ['True']
+  next:
+    statusTemplate: |
+      conditions:
+      - lastTransitionTime: {{ Now | Quote }}
+        reason: ReadinessGatesNotReady
+        status: "False"
+        type: Ready
+"""
+
+
+def with_kubelet_readiness(stages: str) -> str:
+    """kwok's stages with a kubelet's readiness rule for the weights gate (the comment above): a pod that declares
+    readiness gates starts not Ready, and Ready follows the weights gate while its containers are ready. Only our
+    gate is followed: the sandbox's pods declare no other (a pod gated on another stays not Ready here)."""
+    documents = stages.split("\n---\n")
+    for i, document in enumerate(documents):
+        if re.search(r"^[ \t]*name: pod-ready[ \t]*$", document, re.M):
+            started, found = _READY_AT_START.subn(
+                r'\1{{ if .spec.readinessGates }}"False"{{ else }}"True"{{ end }}\2', document, count=1
+            )
+            if not found:
+                raise ClusterError("kwok's pod-ready stage has no Ready condition to follow the readiness gates")
+            documents[i] = started
+            break
+    else:
+        raise ClusterError("kwok's stages have no pod-ready stage")
+    ours = _GATED_READY_STAGES.replace("GATE", labels.WEIGHTS_READY_CONDITION)
+    return "\n---\n".join(documents).rstrip("\n") + "\n" + ours
