@@ -517,71 +517,48 @@ def without_gate_stage(stages: str) -> str:
 # one pod update where a cluster makes two (bench/results/rollout_overhead.md). The pod-ready stage now starts
 # a gated pod not Ready, and two stages of ours flip Ready after the weights gate, as a kubelet does.
 _READY_AT_START = re.compile(r'(\n[ \t]*status: )"True"(\n[ \t]*type: Ready\n)')
-_GATED_READY_STAGES = """
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: pod-gate-opened-ready
-spec:
-  resourceRef:
-    apiGroup: v1
-    kind: Pod
-  selector:
-    matchExpressions:
-    - key: '.metadata.deletionTimestamp'
-      operator: 'DoesNotExist'
-    - key: '.status.phase'
-      operator: 'In'
-      values: ['Running']
-    - key: '.status.conditions.[] | select( .type == "ContainersReady" ) | .status'
-      operator: 'In'
-      values: ['True']
-    - key: '.status.conditions.[] | select( .type == "GATE" ) | .status'
-      operator: 'In'
-      values: ['True']
-    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
-      operator: 'NotIn'
-      values: ['True']
-  next:
-    statusTemplate: |
-      conditions:
-      - lastTransitionTime: {{ Now | Quote }}
-        status: "True"
-        type: Ready
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: pod-gate-closed-not-ready
-spec:
-  resourceRef:
-    apiGroup: v1
-    kind: Pod
-  selector:
-    matchExpressions:
-    - key: '.metadata.deletionTimestamp'
-      operator: 'DoesNotExist'
-    - key: '.status.phase'
-      operator: 'In'
-      values: ['Running']
-    - key: '.spec.readinessGates.[] | select( .conditionType == "GATE" ) | .conditionType'
-      operator: 'In'
-      values: ['GATE']
-    - key: '.status.conditions.[] | select( .type == "GATE" ) | .status'
-      operator: 'NotIn'
-      values: ['True']
-    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
-      operator: 'In'
-      values: ['True']
-  next:
-    statusTemplate: |
-      conditions:
-      - lastTransitionTime: {{ Now | Quote }}
-        reason: ReadinessGatesNotReady
-        status: "False"
-        type: Ready
-"""
+
+
+def _pod_stage(name: str, match: list[tuple[str, str, str]], ready: dict[str, str]) -> dict[str, Any]:
+    """A kwok Stage for a running pod not being deleted, whose conditions match ``match`` ((jq key, operator,
+    value)), that sets the pod's Ready condition to ``ready`` (a strategic merge: the other conditions stay)."""
+    expressions = [
+        {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
+        {"key": ".status.phase", "operator": "In", "values": ["Running"]},
+        *({"key": key, "operator": op, "values": [value]} for key, op, value in match),
+    ]
+    # A Go template that renders YAML (kwok's own stages write theirs so): the time is the template's to quote.
+    fields = "".join(f"  {key}: {json.dumps(value)}\n" for key, value in ready.items())
+    template = "conditions:\n- lastTransitionTime: {{ Now | Quote }}\n" + fields + "  type: Ready\n"
+    return {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Stage",
+        "metadata": {"name": name},
+        "spec": {
+            "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
+            "selector": {"matchExpressions": expressions},
+            "next": {"statusTemplate": template},
+        },
+    }
+
+
+def _condition(type_: str) -> str:
+    return f'.status.conditions.[] | select( .type == "{type_}" ) | .status'
+
+
+def _gated_ready_stages(gate: str) -> list[dict[str, Any]]:
+    """Ready after ``gate`` as a kubelet decides it: True once the containers are ready and the gate is True,
+    False (``ReadinessGatesNotReady``, the kubelet's reason) once the gate is anything else."""
+    declares = (f'.spec.readinessGates.[] | select( .conditionType == "{gate}" ) | .conditionType', "In", gate)
+    opened = [(_condition("ContainersReady"), "In", "True"), (_condition(gate), "In", "True")]
+    return [
+        _pod_stage("pod-gate-opened-ready", [*opened, (_condition("Ready"), "NotIn", "True")], {"status": "True"}),
+        _pod_stage(
+            "pod-gate-closed-not-ready",
+            [declares, (_condition(gate), "NotIn", "True"), (_condition("Ready"), "In", "True")],
+            {"reason": "ReadinessGatesNotReady", "status": "False"},
+        ),
+    ]
 
 
 def with_kubelet_readiness(stages: str) -> str:
@@ -600,5 +577,5 @@ def with_kubelet_readiness(stages: str) -> str:
             break
     else:
         raise ClusterError("kwok's stages have no pod-ready stage")
-    ours = _GATED_READY_STAGES.replace("GATE", labels.WEIGHTS_READY_CONDITION)
-    return "\n---\n".join(documents).rstrip("\n") + "\n" + ours
+    ours = yaml.safe_dump_all(_gated_ready_stages(labels.WEIGHTS_READY_CONDITION), sort_keys=False)
+    return "\n---\n".join(documents).rstrip("\n") + "\n---\n" + ours

@@ -15,15 +15,16 @@ from rolloutfleet.sandbox import binaries, cluster
 
 pytestmark = pytest.mark.unit
 
-POD_READY = """\
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: pod-ready
-spec:
-  next:
-    statusTemplate: |
-      conditions:
+
+def _stage(name: str, conditions: str) -> str:
+    """A kwok Stage document as kwok's own stages.yaml writes one, reduced to its status template."""
+    head = f"apiVersion: kwok.x-k8s.io/v1alpha1\nkind: Stage\nmetadata:\n  name: {name}\nspec:\n  next:\n"
+    return head + "    statusTemplate: |\n      conditions:\n" + conditions
+
+
+POD_READY = _stage(
+    "pod-ready",
+    """\
       - lastTransitionTime: {{ $now | Quote }}
         status: "True"
         type: Initialized
@@ -33,19 +34,15 @@ spec:
       - lastTransitionTime: {{ $now | Quote }}
         status: "True"
         type: ContainersReady
-"""
-NODE = """\
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: node-initialize
-spec:
-  next:
-    statusTemplate: |
-      conditions:
+""",
+)
+NODE = _stage(
+    "node-initialize",
+    """\
       - status: "True"
         type: Ready
-"""
+""",
+)
 
 
 def test_a_gated_pod_starts_not_ready_and_two_stages_follow_the_weights_gate() -> None:
@@ -59,6 +56,8 @@ def test_a_gated_pod_starts_not_ready_and_two_stages_follow_the_weights_gate() -
     for name in ("pod-gate-opened-ready", "pod-gate-closed-not-ready"):
         keys = [e["key"] for e in stages[name]["spec"]["selector"]["matchExpressions"]]
         assert any(labels.WEIGHTS_READY_CONDITION in k for k in keys), keys
+        # kwok renders the template, then reads it as YAML: the time must be the template's call, not a string
+        assert "- lastTransitionTime: {{ Now | Quote }}\n" in stages[name]["spec"]["next"]["statusTemplate"]
 
 
 def test_kwok_stages_without_a_pod_ready_condition_are_refused_not_passed_through() -> None:
