@@ -1632,7 +1632,8 @@ def report(
     )
     paragraphs = [
         "Per fleet size: one local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok with "
-        "fake 8-GPU nodes, fatter ones past 255 nodes), the real operator as one process, and a simulated engine "
+        "fake 8-GPU nodes, fatter ones past 255 nodes; a gated pod's Ready follows its weights gate, as a kubelet's "
+        "does), the real operator as one process, and a simulated engine "
         f"(synthetic weights) on every pod's loopback IP: {engines}. All of them and this bench share the "
         f"machine's {cores} cores; nothing is pinned, and other work on the machine shows as 'rest of machine' "
         "in the CPU split. Its last column is how fast the machine ran a fixed piece of pure-Python work (JSON, "
