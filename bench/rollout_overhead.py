@@ -352,6 +352,12 @@ def summarize_profile(raw: str, *, top: int = 15, library_top: int = 10, native:
 # the JSON's ``other_control_plane_by_process``).
 OTHER_CONTROL_PLANE = "other control plane"
 
+
+def _role(comm: str) -> str:
+    """A control-plane process's column in the CPU split, by its command name."""
+    return comm if comm in ("kube-apiserver", "etcd") else OTHER_CONTROL_PLANE
+
+
 # --profile-cprofile: the operator's event loop under cProfile with its thread's CPU clock
 # (bench/operator_cprofile/sitecustomize.py), per scenario.
 CPROFILE_HOOK = pathlib.Path(__file__).resolve().parent / "operator_cprofile"
@@ -762,7 +768,11 @@ def _reset_peak(pid: int) -> bool:
 
 def _metrics(port: int) -> list[tuple[str, dict[str, str], float]]:
     """The operator's /metrics as (name, labels, value) samples."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return metric_samples(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode())
+
+
+def metric_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """A Prometheus /metrics text as (name, labels, value) samples."""
     out = []
     for match in re.finditer(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})? (\S+)$", text, re.M):
         labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(2) or ""))
@@ -845,12 +855,10 @@ def controller_queue_counts(text: str) -> dict[str, float]:
     control plane" went to (its endpoint slices, the StatefulSet's status, the disruption budget)."""
     out: dict[str, float] = {}
     names = {"workqueue_work_duration_seconds_sum": "seconds", "workqueue_adds_total": "adds"}
-    for match in re.finditer(
-        r"^(workqueue_work_duration_seconds_sum|workqueue_adds_total)\{([^}]*)\} (\S+)$", text, re.M
-    ):
-        queue = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2))).get("name", "?")
-        key = f"{names[match.group(1)]} {queue}"
-        out[key] = out.get(key, 0.0) + float(match.group(3))
+    for name, labels, value in metric_samples(text):
+        if name in names:
+            key = f"{names[name]} {labels.get('name', '?')}"
+            out[key] = out.get(key, 0.0) + value
     return out
 
 
@@ -970,8 +978,7 @@ class Fleet:
     operator: subprocess.Popen[bytes]
     followers: list[subprocess.Popen[bytes]]
     latency_file: pathlib.Path
-    components: dict[int, str]  # control-plane pid -> role
-    component_names: dict[int, str]  # control-plane pid -> its command name (the split of "other control plane")
+    components: dict[int, str]  # control-plane pid -> its command name (``_role`` groups them)
     reset_prefix_cache: bool
     serial: int = 0
 
@@ -1061,11 +1068,11 @@ class Fleet:
         out["operator"] = _proc_cpu(self.operator.pid)
         for i, follower in enumerate(self.followers):
             out[f"engines.{i}"] = _proc_cpu(follower.pid)
-        for pid, role in self.components.items():
-            used = _proc_cpu(pid)
+        for pid, comm in self.components.items():
+            used, role = _proc_cpu(pid), _role(comm)
             out[role] += used
             if role == OTHER_CONTROL_PLANE:
-                out[f"{OTHER_CONTROL_PLANE}.{self.component_names[pid]}"] += used  # (not summed: a split)
+                out[f"{OTHER_CONTROL_PLANE}.{comm}"] += used  # (not summed: a split)
         out["bench"] = _proc_cpu(os.getpid())
         if spy is not None:
             out["py-spy"] = _proc_cpu(spy)
@@ -1192,12 +1199,10 @@ def start_fleet(n: int, args: argparse.Namespace, tmp: pathlib.Path, stack: cont
         time.sleep(0.2)
     create_weights_volume(core, NAMESPACE, "/synthetic")
     # The control plane's processes, before ours exist (the followers' command lines name the kubeconfig).
-    components, component_names = {}, {}
+    components = {}
     for pid in local.pids():
         with contextlib.suppress(OSError):
-            comm = pathlib.Path(f"/proc/{pid}/comm").read_text().strip()
-            components[pid] = comm if comm in ("kube-apiserver", "etcd") else OTHER_CONTROL_PLANE
-            component_names[pid] = comm
+            components[pid] = pathlib.Path(f"/proc/{pid}/comm").read_text().strip()
     metrics_port = _free_port()
     env = dict(
         os.environ,
@@ -1273,7 +1278,6 @@ def start_fleet(n: int, args: argparse.Namespace, tmp: pathlib.Path, stack: cont
         followers=followers,
         latency_file=latency_file,
         components=components,
-        component_names=component_names,
         reset_prefix_cache=prefix_caching_on(RolloutFleetSpec.model_validate(spec)),
     )
     timeout = 120 + 0.25 * n

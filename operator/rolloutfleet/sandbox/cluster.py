@@ -241,17 +241,13 @@ class Cluster:
     def component_metrics(self, name: str) -> str:
         """The /metrics text of ``kube-controller-manager`` or ``kube-scheduler`` (what each controller's work
         queue did: the bench's split of the control plane's CPU), read as the admin: they delegate the check to
-        the apiserver. Their serving certificate is self-signed (``_https_ok``), and this is loopback."""
+        the apiserver (``_https_self_signed``)."""
         key = {"kube-controller-manager": "controller_manager", "kube-scheduler": "scheduler"}.get(name, "")
         port = self._state().get("ports", {}).get(key)
         if not port:
             raise ClusterError(f"no metrics port for {name!r} in cluster {self.name!r}")
-        req = urllib.request.Request(
-            f"https://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {self.pki.admin_token()}"}
-        )
-        context = ssl._create_unverified_context()  # noqa: S323
-        with urllib.request.urlopen(req, context=context, timeout=30) as resp:  # noqa: S310
-            return str(resp.read().decode())
+        bearer = {"Authorization": f"Bearer {self.pki.admin_token()}"}
+        return _https_self_signed(f"https://127.0.0.1:{port}/metrics", bearer).decode()
 
     # -- HTTP to the apiserver ----------------------------------------------------------------------
 
@@ -493,11 +489,17 @@ def _http_ok(url: str, expect: bytes) -> bool:
 
 
 def _https_ok(url: str) -> bool:
-    # The controller-manager and scheduler serve a self-signed certificate of their own; /healthz is
-    # public and this is loopback, so verification would buy nothing here.
+    return _https_self_signed(url, timeout=5).strip() == b"ok"
+
+
+def _https_self_signed(url: str, headers: dict[str, str] | None = None, *, timeout: float = 30) -> bytes:
+    """A GET from the controller-manager or scheduler. Each serves a self-signed certificate of its own, and
+    this is loopback (their /healthz is public; /metrics is asked with the admin's token), so verification
+    would buy nothing here."""
+    req = urllib.request.Request(url, headers=headers or {})  # noqa: S310 -- loopback
     context = ssl._create_unverified_context()  # noqa: S323
-    with urllib.request.urlopen(url, context=context, timeout=5) as resp:  # noqa: S310
-        return bool(resp.read().strip() == b"ok")
+    with urllib.request.urlopen(req, context=context, timeout=timeout) as resp:  # noqa: S310
+        return bytes(resp.read())
 
 
 # kwok's pod-ready stage marks every readiness gate True as the pod starts, which no kubelet does: a gate
