@@ -614,6 +614,29 @@ def calibrate(repeats: int = 5, rounds: int = 4000) -> float:
     return round(1000 * best, 2)
 
 
+def parse_cpu_list(text: str) -> set[int]:
+    """A kernel CPU list (``/sys/devices/system/cpu/cpuN/topology/thread_siblings_list``: ``3,11``, ``0-1``,
+    ``4``) as its CPUs."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if part:
+            first, _, last = part.partition("-")
+            cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def smt_siblings(cpu: int, sys_cpu: pathlib.Path = pathlib.Path("/sys/devices/system/cpu")) -> set[int]:
+    """``cpu`` and the hardware threads that share its core (``{cpu}`` where the kernel does not say): what
+    ``--operator-cpu`` keeps everything else off, as the static CPU manager's ``full-pcpus-only`` option does
+    for a Guaranteed pod. A busy sibling takes a share of the core's execution units, and the operator's CPU
+    seconds then measure a slower core, not more work."""
+    try:
+        text = (sys_cpu / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text()
+    except OSError:
+        return {cpu}
+    return parse_cpu_list(text) | {cpu}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -1470,6 +1493,8 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         "idle_before_s": args.idle_before,
         "followers_watch": "all" if args.followers_watch_all or args.engine_procs < 2 else "own share",
         "operator_cpu_pinned": args.operator_cpu,
+        # The operator's core and its idle SMT siblings: no other process ran on these.
+        "operator_cpu_reserved": getattr(args, "operator_cpu_reserved", None),
         "digests": args.digests,
         "kube_requests": round(sum(kube_req.values())),
         "kube_requests_per_pod": round(sum(kube_req.values()) / n, 3),
@@ -1620,6 +1645,19 @@ def phase_cpu_tables(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _placement(args: argparse.Namespace, cores: int | None) -> str:
+    """The report's sentence on who ran on which cores."""
+    reserved = getattr(args, "operator_cpu_reserved", None)
+    if args.operator_cpu is None or not reserved:
+        return f"All of them and this bench share the machine's {cores} cores; nothing is pinned."
+    idle = [c for c in reserved if c != args.operator_cpu]
+    siblings = f", its SMT siblings {idle} idle" if idle else " (no SMT sibling)"
+    return (
+        f"The operator ran alone on core {args.operator_cpu}{siblings} (`--operator-cpu`); everything else "
+        f"shared the other {(cores or 0) - len(reserved)}."
+    )
+
+
 def report(
     rows: list[dict[str, Any]],
     soaks: list[dict[str, Any]],
@@ -1638,11 +1676,11 @@ def report(
         "Per fleet size: one local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok with "
         "fake 8-GPU nodes, fatter ones past 255 nodes; a gated pod's Ready follows its weights gate, as a kubelet's "
         "does), the real operator as one process, and a simulated engine "
-        f"(synthetic weights) on every pod's loopback IP: {engines}. All of them and this bench share the "
-        f"machine's {cores} cores; nothing is pinned, and other work on the machine shows as 'rest of machine' "
-        "in the CPU split. Its last column is how fast the machine ran a fixed piece of pure-Python work (JSON, "
-        "dicts, small frozen values: `calibrate`, best of five, CPU ms of one thread) right before the revision: "
-        "CPU per pod measured at another calibration was measured on a faster or slower machine.",
+        f"(synthetic weights) on every pod's loopback IP: {engines}. {_placement(args, cores)} Other work on the "
+        "machine shows as 'rest of machine' in the CPU split. Its last column is how fast the machine ran a fixed "
+        "piece of pure-Python work (JSON, dicts, small frozen values: `calibrate`, best of five, CPU ms of one "
+        "thread) right before the revision: CPU per pod measured at another calibration was measured on a faster "
+        "or slower machine.",
         "Scenarios (`<latencies>-<rollout>-<mode>`) run one after another on the same fleet, each one new "
         "WeightRevision, once the fleet is settled (the operator opened every pod's readiness gate: "
         f"`status.readyReplicas == n`) and has been idle {args.idle_before:g} s more (`--idle-before`; past the "
@@ -1942,7 +1980,8 @@ def main() -> int:
         type=int,
         default=None,
         help="run the operator on this core alone and everything else (this bench, the control plane, the "
-        "engines) on the others: a dedicated core, as a Guaranteed pod gets from the kubelet's static CPU manager",
+        "engines) on the others, the core's SMT siblings left idle: a whole physical core, as a Guaranteed pod gets "
+        "from the kubelet's static CPU manager with its full-pcpus-only option (siblings idle since 2026-12-05)",
     )
     parser.add_argument(
         "--cpu-timeline",
@@ -1981,9 +2020,11 @@ def main() -> int:
     _raise_open_files()
     if args.operator_cpu is not None:
         cores = os.sched_getaffinity(0)
-        if args.operator_cpu not in cores or len(cores) < 2:
+        args.operator_cpu_reserved = sorted(smt_siblings(args.operator_cpu) & cores)
+        if args.operator_cpu not in cores or not cores - set(args.operator_cpu_reserved):
             parser.error(f"--operator-cpu {args.operator_cpu}: not one of this process's cores {sorted(cores)}")
-        os.sched_setaffinity(0, cores - {args.operator_cpu})  # every child started from here on inherits it
+        # Every child started from here on inherits it; the operator's core's siblings stay idle (smt_siblings).
+        os.sched_setaffinity(0, cores - set(args.operator_cpu_reserved))
     command, run_id = _command(), datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     rows: list[dict[str, Any]] = []
     soaks: list[dict[str, Any]] = []

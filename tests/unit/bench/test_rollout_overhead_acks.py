@@ -380,3 +380,30 @@ def test_the_controller_manager_s_queues_are_read_from_its_metrics_before_and_af
     summary = bench.controller_queue_summary(after, before)
     assert list(summary) == ["endpoint_slice", "statefulset"]  # the busiest first; "disruption" did nothing
     assert summary["endpoint_slice"] == {"seconds": 5.0, "adds": 2048.0}
+
+
+@pytest.mark.parametrize(
+    ("text", "cpus"), [("3,11\n", {3, 11}), ("0-1\n", {0, 1}), ("4\n", {4}), ("0-1,8-9\n", {0, 1, 8, 9})]
+)
+def test_kernel_cpu_lists_parse_as_the_kernel_writes_them(text: str, cpus: set[int]) -> None:
+    assert bench.parse_cpu_list(text) == cpus
+
+
+def test_the_operators_core_brings_its_smt_siblings(tmp_path: pathlib.Path) -> None:
+    """On the 16-core device a revision of 1,024 pods kept 9-12 of its hardware threads busy (the control plane);
+    a pinned operator whose sibling thread ran the API server measured a slower core, not more work. So
+    ``--operator-cpu`` reserves the whole core, and a machine that does not say keeps only the named CPU."""
+    topology = tmp_path / "cpu7" / "topology"
+    topology.mkdir(parents=True)
+    (topology / "thread_siblings_list").write_text("7,15\n")
+    assert bench.smt_siblings(7, tmp_path) == {7, 15}
+    assert bench.smt_siblings(3, tmp_path) == {3}
+
+
+def test_the_report_says_where_the_operator_ran() -> None:
+    import argparse
+
+    pinned = argparse.Namespace(operator_cpu=7, operator_cpu_reserved=[7, 15])
+    assert "alone on core 7, its SMT siblings [15] idle" in bench._placement(pinned, 16)
+    assert "shared the other 14" in bench._placement(pinned, 16)
+    assert "nothing is pinned" in bench._placement(argparse.Namespace(operator_cpu=None), 16)
