@@ -47,6 +47,7 @@ import shlex
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -614,6 +615,54 @@ def calibrate(repeats: int = 5, rounds: int = 4000) -> float:
     return round(1000 * best, 2)
 
 
+SPEED_PROBE_ROUNDS = 400  # ~4 ms of work per sample: a twentieth of a core at SPEED_PROBE_INTERVAL_S
+SPEED_PROBE_INTERVAL_S = 0.1
+
+
+def speed_probe_main(path: str, rounds: int = SPEED_PROBE_ROUNDS, interval: float = SPEED_PROBE_INTERVAL_S) -> None:
+    """``--speed-probe``: the calibration's work in small pieces, for as long as its parent lives, each timed in
+    this thread's CPU and written to ``path`` as ``<monotonic seconds> <CPU ms per calibration>`` (scaled to
+    ``calibrate``'s rounds). Why: ``calibrate`` is one moment before a revision, and a 16-core machine's speed
+    changed 2x within minutes (rollout_overhead_16_cores.md); CPU time grows under contention for a core's shared
+    parts (another hardware thread on it, caches, memory) but not under time slicing, so this follows how much
+    slower the operator's kind of code ran *during* each revision than at rest. CLOCK_MONOTONIC is one clock for
+    every process of the machine, so the bench cuts the samples at its own revision window."""
+    parent = os.getppid()
+    scale = 4000 / rounds
+    with open(path, "a", buffering=1) as out:
+        while os.getppid() == parent:
+            at, started = time.monotonic(), time.thread_time()
+            _calibration_work(rounds)
+            out.write(f"{at:.3f} {1000 * scale * (time.thread_time() - started):.2f}\n")
+            time.sleep(interval)
+
+
+def speed_probe_summary(text: str, start: float, end: float, rest_s: float) -> dict[str, Any] | None:
+    """The probe's samples (``speed_probe_main``'s lines) in the revision [start, end] and in the ``rest_s``
+    before it (the settled fleet idle): the median of each, and how much slower the work ran during the revision.
+    None without samples in both."""
+    during, rest = [], []
+    for line in text.splitlines():
+        at_text, _, value = line.partition(" ")
+        try:
+            at, ms = float(at_text), float(value)
+        except ValueError:  # a line cut by the probe's end
+            continue
+        if start <= at <= end:
+            during.append(ms)
+        elif start - rest_s <= at < start:
+            rest.append(ms)
+    if not during or not rest:
+        return None
+    during_ms, rest_ms = statistics.median(during), statistics.median(rest)
+    return {
+        "rest_ms": round(rest_ms, 2),
+        "during_ms": round(during_ms, 2),
+        "slowdown": round(during_ms / rest_ms, 3),
+        "samples": len(during),
+    }
+
+
 def parse_cpu_list(text: str) -> set[int]:
     """A kernel CPU list (``/sys/devices/system/cpu/cpuN/topology/thread_siblings_list``: ``3,11``, ``0-1``,
     ``4``) as its CPUs."""
@@ -1003,7 +1052,12 @@ class Fleet:
     latency_file: pathlib.Path
     components: dict[int, str]  # control-plane pid -> its command name (``_role`` groups them)
     reset_prefix_cache: bool
+    probe: subprocess.Popen[bytes] | None = None  # --speed-probe
     serial: int = 0
+
+    @property
+    def probe_path(self) -> pathlib.Path:
+        return self.tmp / "speed-probe.txt"
 
     @property
     def custom(self) -> Any:
@@ -1096,7 +1150,7 @@ class Fleet:
             out[role] += used
             if role == OTHER_CONTROL_PLANE:
                 out[f"{OTHER_CONTROL_PLANE}.{comm}"] += used  # (not summed: a split)
-        out["bench"] = _proc_cpu(os.getpid())
+        out["bench"] = _proc_cpu(os.getpid()) + (_proc_cpu(self.probe.pid) if self.probe is not None else 0.0)
         if spy is not None:
             out["py-spy"] = _proc_cpu(spy)
         out["machine"] = _machine_busy()
@@ -1303,6 +1357,9 @@ def start_fleet(n: int, args: argparse.Namespace, tmp: pathlib.Path, stack: cont
         components=components,
         reset_prefix_cache=prefix_caching_on(RolloutFleetSpec.model_validate(spec)),
     )
+    if args.speed_probe:
+        fleet.probe = subprocess.Popen([sys.executable, __file__, "--speed-probe", str(fleet.probe_path)])
+        stack.callback(_stop, fleet.probe)
     timeout = 120 + 0.25 * n
     started = time.monotonic()
     _wait_engines(core, n, timeout=timeout)
@@ -1473,6 +1530,10 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         "operator_cpu_ms_per_pod": round(1000 * cpu["operator"] / n, 2),
         # ``calibrate`` on this machine right before the revision: the speed the CPU per pod was measured at.
         "calibration_ms": calibration_ms,
+        # --speed-probe: the same work's speed during the revision against the idle period before it.
+        "speed_probe": speed_probe_summary(fleet.probe_path.read_text(), t0, t0 + total, args.idle_before)
+        if fleet.probe is not None and fleet.probe_path.exists()
+        else None,
         # The operator's cycle collector (its own clock, rolloutfleet_gc_seconds_total), part of operator_cpu_s.
         "operator_gc_s": round(sum(gc_s.values()), 2),
         # User and system seconds of operator_cpu_s, and how often its event loop slept and woke.
@@ -1752,13 +1813,15 @@ def report(
                 f"{r['pods']} pods, {r['scenario']}: {r['phase']} ({_fmt(r['reason'])}: {_fmt(r['message'])}); "
                 f"{r['pods_replaced']} pods replaced during the scenario."
             )
+        probed = any(r.get("speed_probe") for r in rows)
         lines += [
             "",
             f"## CPU split during each scenario (CPU seconds from /proc; {cores} cores)",
             "",
             "| pods | scenario | wall s | machine busy s | operator | engines | kube-apiserver | etcd "
-            "| other control plane | bench | rest of machine | calibration ms |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| other control plane | bench | rest of machine | calibration ms |"
+            + (" probe ms at rest → during the revision |" if probed else ""),
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---|" if probed else ""),
         ]
         for r in rows:
             c = r["cpu_split_s"]
@@ -1779,6 +1842,9 @@ def report(
                 c["rest of machine"],
                 r.get("calibration_ms"),
             ]
+            if probed:
+                probe = r.get("speed_probe")
+                cells.append(f"{probe['rest_ms']} → {probe['during_ms']} (x{probe['slowdown']})" if probe else None)
             lines.append("| " + " | ".join(_fmt(v) for v in cells) + " |")
     lines += phase_cpu_tables(rows)
     profiled = [r for r in rows if r.get("profile")]
@@ -1913,6 +1979,9 @@ def _command() -> str:
 
 
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--speed-probe":
+        speed_probe_main(sys.argv[2])
+        return 0
     if len(sys.argv) >= 6 and sys.argv[1] == "--follower":
         pods = int(sys.argv[6]) if len(sys.argv) > 6 else 0
         follower_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], pods, "--watch-all" in sys.argv)
@@ -1982,6 +2051,13 @@ def main() -> int:
         help="run the operator on this core alone and everything else (this bench, the control plane, the "
         "engines) on the others, the core's SMT siblings left idle: a whole physical core, as a Guaranteed pod gets "
         "from the kubelet's static CPU manager with its full-pcpus-only option (siblings idle since 2026-12-05)",
+    )
+    parser.add_argument(
+        "--speed-probe",
+        action="store_true",
+        help="time small pieces of the calibration's work every 0.1 s in a process of their own (~5 %% of a core) "
+        "and report how much slower they ran during each revision than in the idle period before it "
+        "(speed_probe in the JSON rows; `speed_probe_main`)",
     )
     parser.add_argument(
         "--cpu-timeline",

@@ -407,3 +407,42 @@ def test_the_report_says_where_the_operator_ran() -> None:
     assert "alone on core 7, its SMT siblings [15] idle" in bench._placement(pinned, 16)
     assert "shared the other 14" in bench._placement(pinned, 16)
     assert "nothing is pinned" in bench._placement(argparse.Namespace(operator_cpu=None), 16)
+
+
+def test_the_speed_probe_compares_the_revision_with_the_idle_period_before_it() -> None:
+    """A calibration taken once before a revision could not tell how slow the machine ran during it: on the
+    16-core device the same code's CPU per pod rose by a third when the control plane got busier, at the same
+    calibration. The probe's samples are cut at the revision's window, and those of the idle period before it
+    (not earlier ones, not later ones) are the baseline."""
+    text = "\n".join(
+        [
+            "80.0 10.0",  # before the idle period: ignored
+            "95.0 40.0",
+            "98.0 42.0",  # the idle period [94, 100)
+            "100.5 60.0",
+            "104.0 56.0",
+            "107.0 58.0",  # the revision [100, 108]
+            "109.0 99.0",  # after it: ignored
+            "110.0",  # a line cut by the probe's end
+        ]
+    )
+    summary = bench.speed_probe_summary(text, 100.0, 108.0, 6.0)
+    assert summary == {"rest_ms": 41.0, "during_ms": 58.0, "slowdown": 1.415, "samples": 3}
+    assert bench.speed_probe_summary(text, 100.0, 108.0, 0.0) is None  # no baseline: no claim
+
+
+def test_the_speed_probe_writes_timed_samples_until_stopped(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "probe.txt"
+    probe = subprocess.Popen(
+        [sys.executable, str(bench_modules.BENCH / "rollout_overhead.py"), "--speed-probe", str(out)]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 3):
+            time.sleep(0.05)
+    finally:
+        probe.terminate()
+        probe.wait(timeout=10)
+    samples = [tuple(map(float, line.split())) for line in out.read_text().splitlines()[:3]]
+    assert len(samples) == 3 and all(ms > 0 for _, ms in samples)
+    assert samples[0][0] < samples[1][0] < samples[2][0] <= time.monotonic()
