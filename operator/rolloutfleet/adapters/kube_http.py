@@ -6,7 +6,7 @@ the official client each request took a pool thread, urllib3 and the client's ow
 about 1.3 ms of operator CPU per gate PATCH, with 16 threads fighting the event loop for the GIL. Here a
 request is a coroutine on the event loop, on kept-alive connections, with the same credentials: through
 ``adapters.http11`` (the operator's own HTTP/1.1 client, ~2.5x cheaper per request than aiohttp's), or through
-aiohttp when the configuration names a proxy (which http11 does not speak). Watches stream through aiohttp.
+aiohttp when the configuration names a proxy (which http11 does not speak). Watches stream the same way.
 
 Credentials and TLS come from the official client's ``Configuration`` (kubeconfig or in-cluster), read per
 request through ``auth_settings()`` so a refreshed token (in-cluster: the projected ServiceAccount token
@@ -111,7 +111,9 @@ class KubeHTTP:
         # writes queued inside aiohttp's pool timed out there (each one's 30 s ran while it waited its turn).
         self._slots = asyncio.Semaphore(limit)
         self._session: aiohttp.ClientSession | None = None  # requests through a proxy only
-        self._streams: aiohttp.ClientSession | None = None  # watches: each holds a connection for minutes
+        self._streams: aiohttp.ClientSession | None = (
+            None  # watches through a proxy: each holds a connection for minutes
+        )
         # The slots above bound the requests; the pool only keeps their connections.
         self._http = http11.HTTP11(limit=limit, limit_per_host=limit, idle_s=IDLE_SECONDS, on_connect=on_connect)
         parts = urllib.parse.urlsplit(self.base)
@@ -247,20 +249,61 @@ class KubeHTTP:
         except (http11.NotSent, http11.Lost, aiohttp.ClientError) as exc:
             raise KubeHTTPError(0, f"{type(exc).__name__}: {exc}") from exc
 
-    async def stream(
+    async def watch(
         self,
         path: str,
         *,
         params: dict[str, str],
-        timeout: float,  # noqa: ASYNC109 - the wait for each line, passed to aiohttp
+        timeout: float,  # noqa: ASYNC109 - the wait for each line
+        on_event: Callable[[Any], bool],
         on_open: Callable[[], None] | None = None,
         decode: Callable[[bytes], Any] = json.loads,
-    ) -> AsyncIterator[Any]:
-        """A watch: each line of the answer, decoded, until the server ends it; ``KubeHTTPError`` on failure.
+    ) -> None:
+        """A watch: each line of the answer, decoded, to ``on_event`` until the server ends it (or
+        ``on_event`` returns False); ``KubeHTTPError`` on failure, and what ``decode`` or ``on_event`` raised.
 
         ``timeout`` bounds the wait for each line (the server sends bookmarks well within it); ``on_open``
         is called once the server accepted the watch (every change from then on will be delivered);
-        ``decode`` turns a line into the event (``adapters.kube_watch`` decodes only what it keeps)."""
+        ``decode`` turns a line into the event (``adapters.kube_watch`` decodes only what it keeps). Through
+        ``http11.HTTP11.stream`` (each line handled as it arrives, no task woken per event), or aiohttp when
+        a proxy is configured."""
+        if not self.configuration.proxy:
+            target = self._prefix + path + "?" + urllib.parse.urlencode(params)
+
+            def status(code: int) -> None:
+                if code == 200 and on_open is not None:
+                    on_open()
+
+            try:
+                answer = await self._http.stream(
+                    self._origin,
+                    target,
+                    on_line=lambda raw: on_event(decode(raw)),
+                    on_status=status,
+                    headers=self._headers(None),
+                    idle=timeout,
+                    connect=CONNECT_SECONDS,
+                )
+            except TimeoutError as exc:
+                raise KubeHTTPError(0, f"watch {path}: nothing in {timeout:g}s") from exc
+            except (http11.NotSent, http11.Lost) as exc:
+                raise KubeHTTPError(0, f"watch {path}: {type(exc).__name__}: {exc}") from exc
+            if answer.status != 200:
+                raise KubeHTTPError(answer.status, _message(answer.text(), answer.reason))
+            return
+        async for event in self._aiohttp_watch(path, params, timeout, on_open, decode):
+            if not on_event(event):
+                return
+
+    async def _aiohttp_watch(
+        self,
+        path: str,
+        params: dict[str, str],
+        timeout: float,  # noqa: ASYNC109 - the wait for each line, passed to aiohttp
+        on_open: Callable[[], None] | None,
+        decode: Callable[[bytes], Any],
+    ) -> AsyncIterator[Any]:
+        """``watch`` through a proxy (aiohttp speaks it; http11 does not)."""
         if self._streams is None:
             # Unbounded, apart from the requests' pool: a watch per fleet must never wait for a connection.
             connector = aiohttp.TCPConnector(limit=0, ssl=self._ssl)

@@ -163,6 +163,14 @@ class WatchedList:
 
     async def _watch(self) -> None:
         """Follow the stream until it fails; then reads fall back to lists (which seed it again)."""
+        ended: list[bool] = []  # an ERROR event: the watch cannot go on
+
+        def event(decoded: Any) -> bool:  # each event, from inside the connection's reads (``KubeHTTP.watch``)
+            if self._apply(checked(decoded)):
+                return True
+            ended.append(True)
+            return False
+
         try:
             while True:
                 self._on_request("watch")
@@ -174,12 +182,16 @@ class WatchedList:
                 }
                 if self.selector:
                     params["labelSelector"] = self.selector
-                stream = self.http.stream(
-                    self.path, params=params, timeout=WATCH_SECONDS + 30, on_open=self._opened, decode=decode_pod_event
+                await self.http.watch(
+                    self.path,
+                    params=params,
+                    timeout=WATCH_SECONDS + 30,
+                    on_event=event,
+                    on_open=self._opened,
+                    decode=decode_pod_event,
                 )
-                async for event in stream:
-                    if not self._apply(checked(event)):
-                        return
+                if ended:
+                    return
                 # The server ended the watch (its timeout): open the next one from the last version.
         except KubeHTTPError as exc:
             if exc.status == 403:
