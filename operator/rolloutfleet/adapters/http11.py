@@ -472,9 +472,10 @@ class HTTP11:
         """``GET target`` on a connection of its own (a stream must never wait for a slot of the pool, nor
         hold one), its 200 answer's lines handed to ``on_line`` as they arrive, until the server ends the
         answer (or ``on_line`` returns False); ``on_status`` is told the status once the headers are read (a
-        watch is established then, before its first line). Returns the answer: an empty body after a 200, the whole body
-        otherwise (the caller reads the error). Raises as ``request`` does, ``TimeoutError`` when no bytes
-        came for ``idle`` seconds, or what ``on_line`` raised. The connection is closed after, never reused."""
+        watch is established then, before its first line). Returns the answer: an empty body after a 200, the
+        whole body otherwise (the caller reads the error). Raises as ``request`` does, ``TimeoutError`` when no
+        bytes came for ``idle`` seconds, or what ``on_line`` raised. The connection is closed after, never
+        reused."""
         if self._closed:
             raise RuntimeError("HTTP11 is closed")
         request = _request_bytes("GET", origin, target, headers or {}, None)
