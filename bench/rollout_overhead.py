@@ -1555,7 +1555,7 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         "followers_watch": "all" if args.followers_watch_all or args.engine_procs < 2 else "own share",
         "operator_cpu_pinned": args.operator_cpu,
         # The operator's core and its idle SMT siblings: no other process ran on these.
-        "operator_cpu_reserved": getattr(args, "operator_cpu_reserved", None),
+        "operator_cpu_reserved": args.operator_cpu_reserved,
         "digests": args.digests,
         "kube_requests": round(sum(kube_req.values())),
         "kube_requests_per_pod": round(sum(kube_req.values()) / n, 3),
@@ -1708,9 +1708,9 @@ def phase_cpu_tables(rows: list[dict[str, Any]]) -> list[str]:
 
 def _placement(args: argparse.Namespace, cores: int | None) -> str:
     """The report's sentence on who ran on which cores."""
-    reserved = getattr(args, "operator_cpu_reserved", None)
-    if args.operator_cpu is None or not reserved:
+    if args.operator_cpu is None:
         return f"All of them and this bench share the machine's {cores} cores; nothing is pinned."
+    reserved = args.operator_cpu_reserved
     idle = [c for c in reserved if c != args.operator_cpu]
     siblings = f", its SMT siblings {idle} idle" if idle else " (no SMT sibling)"
     return (
@@ -2094,6 +2094,7 @@ def main() -> int:
     if args.engine_procs < 1:
         parser.error("--engine-procs must be at least 1")
     _raise_open_files()
+    args.operator_cpu_reserved = None  # the operator's core and its SMT siblings, with --operator-cpu
     if args.operator_cpu is not None:
         cores = os.sched_getaffinity(0)
         args.operator_cpu_reserved = sorted(smt_siblings(args.operator_cpu) & cores)

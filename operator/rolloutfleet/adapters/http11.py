@@ -301,16 +301,15 @@ class _Connection(asyncio.Protocol):
                 return False
             if self._buffer[self._chunk_left : self._chunk_left + 2] != b"\r\n":
                 raise Lost("chunk not followed by CRLF")
-            if self._on_line is not None and self._status == 200:
-                self._pending += self._buffer[: self._chunk_left]
-                del self._buffer[: self._chunk_left + 2]
-                self._chunk_left = -1
-                if not self._lines():
-                    return True  # stopped by the handler: the answer ends here (the caller closes)
-                continue
-            self._body += self._buffer[: self._chunk_left]
+            data = self._buffer[: self._chunk_left]
             del self._buffer[: self._chunk_left + 2]
             self._chunk_left = -1
+            if self._on_line is None or self._status != 200:
+                self._body += data
+                continue
+            self._pending += data
+            if not self._lines():
+                return True  # stopped by the handler: the answer ends here (the caller closes)
 
     def _lines(self) -> bool:
         """Hand the whole lines of ``_pending`` to the stream's handler (blank ones skipped: a server's

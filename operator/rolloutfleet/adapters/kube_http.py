@@ -111,9 +111,8 @@ class KubeHTTP:
         # writes queued inside aiohttp's pool timed out there (each one's 30 s ran while it waited its turn).
         self._slots = asyncio.Semaphore(limit)
         self._session: aiohttp.ClientSession | None = None  # requests through a proxy only
-        self._streams: aiohttp.ClientSession | None = (
-            None  # watches through a proxy: each holds a connection for minutes
-        )
+        # Watches through a proxy: each holds a connection for minutes.
+        self._streams: aiohttp.ClientSession | None = None
         # The slots above bound the requests; the pool only keeps their connections.
         self._http = http11.HTTP11(limit=limit, limit_per_host=limit, idle_s=IDLE_SECONDS, on_connect=on_connect)
         parts = urllib.parse.urlsplit(self.base)
