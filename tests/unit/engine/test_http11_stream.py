@@ -188,9 +188,12 @@ async def test_no_server_is_not_sent(http: HTTP11) -> None:
 async def test_a_cancelled_stream_closes_its_connection(http: HTTP11) -> None:
     """A fleet deleted or its list idle: the pod watch's task is cancelled, and the server must see the
     connection go (no stream left open per fleet ever watched)."""
+    first = asyncio.Event()
     async with StreamServer([HEAD, chunk(b"x\n"), 30.0, END]) as server:
-        task = asyncio.ensure_future(http.stream(server.origin, "/w", on_line=lambda line: True, idle=60, connect=2))
-        await asyncio.sleep(0.2)
+        task = asyncio.ensure_future(
+            http.stream(server.origin, "/w", on_line=lambda line: first.set() is None, idle=60, connect=2)
+        )
+        await asyncio.wait_for(first.wait(), 5)  # the stream is established and reading
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
