@@ -617,6 +617,9 @@ def calibrate(repeats: int = 5, rounds: int = 4000) -> float:
 
 SPEED_PROBE_ROUNDS = 400  # ~4 ms of work per sample: a twentieth of a core at SPEED_PROBE_INTERVAL_S
 SPEED_PROBE_INTERVAL_S = 0.1
+# How the bench starts the probe's process (``rollout_overhead.py SPEED_PROBE_CHILD PATH``): not the user's
+# ``--speed-probe``, which with one other argument was taken for it.
+SPEED_PROBE_CHILD = "--speed-probe-child"
 
 
 def speed_probe_main(path: str, rounds: int = SPEED_PROBE_ROUNDS, interval: float = SPEED_PROBE_INTERVAL_S) -> None:
@@ -1358,7 +1361,7 @@ def start_fleet(n: int, args: argparse.Namespace, tmp: pathlib.Path, stack: cont
         reset_prefix_cache=prefix_caching_on(RolloutFleetSpec.model_validate(spec)),
     )
     if args.speed_probe:
-        fleet.probe = subprocess.Popen([sys.executable, __file__, "--speed-probe", str(fleet.probe_path)])
+        fleet.probe = subprocess.Popen([sys.executable, __file__, SPEED_PROBE_CHILD, str(fleet.probe_path)])
         stack.callback(_stop, fleet.probe)
     timeout = 120 + 0.25 * n
     started = time.monotonic()
@@ -1979,7 +1982,7 @@ def _command() -> str:
 
 
 def main() -> int:
-    if len(sys.argv) == 3 and sys.argv[1] == "--speed-probe":
+    if len(sys.argv) == 3 and sys.argv[1] == SPEED_PROBE_CHILD:
         speed_probe_main(sys.argv[2])
         return 0
     if len(sys.argv) >= 6 and sys.argv[1] == "--follower":

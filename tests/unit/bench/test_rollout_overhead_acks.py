@@ -434,7 +434,7 @@ def test_the_speed_probe_compares_the_revision_with_the_idle_period_before_it() 
 def test_the_speed_probe_writes_timed_samples_until_stopped(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "probe.txt"
     probe = subprocess.Popen(
-        [sys.executable, str(bench_modules.BENCH / "rollout_overhead.py"), "--speed-probe", str(out)]
+        [sys.executable, str(bench_modules.BENCH / "rollout_overhead.py"), bench.SPEED_PROBE_CHILD, str(out)]
     )
     try:
         deadline = time.monotonic() + 30
@@ -446,3 +446,18 @@ def test_the_speed_probe_writes_timed_samples_until_stopped(tmp_path: pathlib.Pa
     samples = [tuple(map(float, line.split())) for line in out.read_text().splitlines()[:3]]
     assert len(samples) == 3 and all(ms > 0 for _, ms in samples)
     assert samples[0][0] < samples[1][0] < samples[2][0] <= time.monotonic()
+
+
+def test_the_user_flag_speed_probe_is_not_taken_for_the_probe_process() -> None:
+    """The probe process was started as ``rollout_overhead.py --speed-probe PATH``, the user's own flag: a user's
+    ``rollout_overhead.py --speed-probe --help`` (any one other argument) then ran as a probe writing to a file
+    named after that argument, for as long as the shell lived, instead of the bench. The child has its own
+    marker; the user's command line goes to the argument parser."""
+    done = subprocess.run(
+        [sys.executable, str(bench_modules.BENCH / "rollout_overhead.py"), "--speed-probe", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0 and "usage:" in done.stdout
