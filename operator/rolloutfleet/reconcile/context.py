@@ -15,13 +15,14 @@ from rolloutfleet.api.engine import EngineState
 from rolloutfleet.api.fleet import RolloutFleetSpec, RolloutFleetStatus
 from rolloutfleet.metrics import Metrics
 from rolloutfleet.planning.fleet_status import EngineSummary, PodFactsMemo
+from rolloutfleet.planning.pod_view import PodViewMemo
 
 
 @dataclasses.dataclass(frozen=True)
 class RestMark:
     """A fleet at rest, as its last full read found it: every engine serving ``goal``, verified.
 
-    ``pods``: what Kubernetes showed of its pods when that read began (``revision.rest_signature``);
+    ``pods``: what Kubernetes showed of its pods when that read began (``PodViewMemo.signature``);
     ``read_at``: when (``time.monotonic``). ``revision.reconcile_revisions`` reads the engines again only once
     either differs, or the read is ``REST_READ_SECONDS`` old.
     """
@@ -90,6 +91,7 @@ class FleetMemory:
     working_on: tuple[str, int] | None = None
     kicked_about: set[tuple[str, int]] | None = dataclasses.field(default_factory=set)
     rest: RestMark | None = None  # None: the next pass reads every engine
+    pod_views: PodViewMemo = dataclasses.field(default_factory=PodViewMemo)  # each pod object read once per pass's view
 
     def kick_all(self, about: tuple[str, int] | None = None) -> None:
         """Something else than the trainer's marks changed: the running pass ends, a new one starts.

@@ -26,19 +26,21 @@ from rolloutfleet.api import common, validation, vllm_flags
 from rolloutfleet.api.engine import EngineState
 from rolloutfleet.api.fleet import RolloutFleetSpec
 from rolloutfleet.api.revision import Phase, WeightRevisionStatus
-from rolloutfleet.planning import pod_readiness, revision_status, revisions
+from rolloutfleet.planning import pod_view, revision_status, revisions
+from rolloutfleet.planning.pod_view import PodView
 from rolloutfleet.reconcile import fanout, gates
 from rolloutfleet.reconcile import fleet as fleet_reconcile
 from rolloutfleet.reconcile import status_writes as writes
 from rolloutfleet.reconcile.context import FleetMemory, OperatorContext, RestMark
-from rolloutfleet.reconcile.rollout_pass import READ_CONCURRENCY, PassOutcome, PodView, RolloutPass
+from rolloutfleet.reconcile.rollout_pass import READ_CONCURRENCY, PassOutcome, RolloutPass
 from rolloutfleet.resources import labels
 
 Manifest = dict[str, Any]
 log = logging.getLogger(__name__)
 ENGINE_CONNECTIONS = 4096  # per fleet; `rolloutfleet run` raises the open-files limit to fit
 # A fleet at rest is read whole again at least this often even when none of its pods changed: the safety net
-# under ``rest_signature`` for what a pod's status cannot show (docs/rollouts.md, "A fleet at rest").
+# under the rest signature (``planning.pod_view.PodViewMemo.signature``) for what a pod's status cannot show
+# (docs/rollouts.md, "A fleet at rest").
 REST_READ_SECONDS = float(os.environ.get("ROLLOUTFLEET_REST_READ_SECONDS", "60"))
 
 __all__ = ["PassOutcome", "reconcile_revisions", "report_orphan"]
@@ -58,11 +60,6 @@ def _parse(body: Manifest) -> revisions.Revision:
         parse_errors=tuple(errors),
         body=body,
     )
-
-
-def _ordinal(name: str) -> tuple[int, str]:
-    tail = name.rsplit("-", 1)[-1]
-    return (int(tail), name) if tail.isdigit() else (1 << 30, name)
 
 
 async def _token(ctx: OperatorContext, namespace: str, fleet: str) -> str | None:
@@ -109,48 +106,14 @@ async def _pool(ctx: OperatorContext, memory: FleetMemory, token: str, spec: Rol
     return memory.pool
 
 
-def _pod_view(pods: list[Manifest]) -> PodView:
+def _pod_view(pods: list[Manifest], memo: pod_view.PodViewMemo | None = None) -> PodView:
     """Which pods the pass moves: Running with an IP and the engine up (its readiness probe passed).
 
     A pod still starting (a large model takes minutes) is not moved and not failed: it only counts as
     unavailable; once its engine is up it is caught up at once, outside the rollout budget (not routed).
+    ``memo``: the fleet's reads of its pods from earlier passes (``planning.pod_view``), else read anew.
     """
-    live = {
-        p["metadata"]["name"]: p
-        for p in pods
-        if (p.get("status") or {}).get("podIP")
-        and not p["metadata"].get("deletionTimestamp")
-        and (p.get("status") or {}).get("phase") == "Running"
-    }
-    up = [name for name, p in live.items() if pod_readiness.engine_up(p)]
-    return PodView(
-        order=sorted(up, key=_ordinal),
-        bodies=live,
-        not_routed=frozenset(name for name, p in live.items() if not pod_readiness.routed(p)),
-        starting=frozenset(set(live) - set(up)),
-    )
-
-
-def rest_signature(view: PodView) -> tuple[tuple[object, ...], ...]:
-    """What Kubernetes shows of a fleet's pods that an engine's restart or replacement changes.
-
-    An engine that restarts comes back on the initial checkpoint; the kubelet counts the container's restart,
-    a replaced pod has another uid (and maybe another IP), and a process not admitted fails its readiness
-    probe (not routed). A fleet at rest whose pods show none of these changes holds what its last full read
-    found, so its passes read no engine (1,024 reads every idle period before; issue 18).
-    """
-    return tuple(
-        sorted(
-            (
-                name,
-                pod_readiness.incarnation(body),
-                (body.get("status") or {}).get("podIP"),
-                name in view.not_routed,
-                name in view.starting,
-            )
-            for name, body in view.bodies.items()
-        )
-    )
+    return (memo if memo is not None else pod_view.PodViewMemo()).view(pods)
 
 
 async def reconcile_revisions(
@@ -217,13 +180,13 @@ async def _pass(
     if token is None:
         return PassOutcome()  # the fleet reconcile has not made the Secret yet
     pool = await _pool(ctx, memory, token, spec)
-    view = _pod_view(await ctx.kube.list("v1", "Pod", namespace, labels.selector_string(fleet_name)))
+    view = _pod_view(await ctx.kube.list("v1", "Pod", namespace, labels.selector_string(fleet_name)), memory.pod_views)
     # A fleet at rest on what it serves (a revision, or its initial weights), whose pods show nothing new since
     # every engine was read serving it: nothing to read, nothing to write (the fleet's own reconcile keeps the
     # pods' status). Any other pass (a revision's, one after an operator start) forgets that.
     resting = sel.active is None
     rest_goal = sel.goal if sel.goal is not None else revisions.initial_goal(spec)
-    signature = rest_signature(view) if resting else ()
+    signature = memory.pod_views.signature() if resting else ()
     mark, memory.rest = memory.rest, None  # only a pass that finds the fleet at rest sets it again
     at_rest = (
         resting
@@ -232,7 +195,11 @@ async def _pass(
         and mark.pods == signature
         and time.monotonic() - mark.read_at < REST_READ_SECONDS
     )
-    if at_rest and sel.goal is not None:
+    if at_rest and (
+        sel.goal is not None
+        # On its initial weights: also every pod routed (none to read and open) and the target already cleared.
+        or (view.not_routed.isdisjoint(view.order) and (fleet_body.get("status") or {}).get("targetRevision") is None)
+    ):
         memory.rest = mark
         return PassOutcome()
     clients = {name: pool.for_address(view.bodies[name]["status"]["podIP"], spec.port) for name in view.order}
@@ -285,7 +252,7 @@ async def _initial_gates(
     pods whose engine holds other weights (it loaded a revision that never completed), to be moved back.
     """
     goal = revisions.initial_goal(spec)
-    unopened = [name for name in view.order if everyone or not pod_readiness.routed(view.bodies[name])]
+    unopened = [name for name in view.order if everyone or name in view.not_routed]
     states = await fanout.bounded((clients[name].observe() for name in unopened), READ_CONCURRENCY)
 
     async def one(name: str, state: EngineState) -> bool:

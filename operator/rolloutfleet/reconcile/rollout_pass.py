@@ -50,6 +50,7 @@ from rolloutfleet.planning import (
     transaction,
     verification,
 )
+from rolloutfleet.planning.pod_view import PodView
 from rolloutfleet.planning.transaction import Decision, Goal, Step
 from rolloutfleet.reconcile import executor, fanout, gates, preflight, probe, push, staging, waits
 from rolloutfleet.reconcile import fleet as fleet_reconcile
@@ -104,16 +105,6 @@ class _Batch:
 
     pending: set[str]
     done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-
-
-@dataclasses.dataclass(frozen=True)
-class PodView:
-    """The fleet's pods as Kubernetes shows them at the start of a pass."""
-
-    order: list[str]  # pods whose engine is up (containers ready), by ordinal: the pods the pass moves
-    bodies: dict[str, Manifest]  # every live pod with an IP, by name
-    not_routed: frozenset[str]  # pods the Service does not route to (they cost no availability to move)
-    starting: frozenset[str]  # pods whose engine is not up yet: unavailable, not moved, not failed
 
 
 class RolloutPass:

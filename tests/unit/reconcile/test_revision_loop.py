@@ -298,6 +298,29 @@ async def test_a_fleet_at_rest_reads_its_engines_only_once_a_pod_changed(
         assert h.observations == dict.fromkeys(h.pods, 1)
 
 
+async def test_a_fleet_at_rest_on_its_initial_weights_does_nothing_while_every_pod_is_routed(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Issue 18: a fleet still on its initial weights (before its first revision) read no engine at rest, but each
+    idle pass still made a client for every engine, scanned every pod and rebuilt the fleet's status (a read of
+    its StatefulSet and a walk over every pod; at 1,024 pods a pass every 5 s). With every pod routed and no target
+    to clear, a pass at rest has nothing to do, as on a served revision; a pod that changes is read again."""
+    async with harness(tmp_path, replicas=3) as h:
+        await h.settle()  # the first pass reads every engine and opens the gates
+        assert h.fleet_status().get("targetRevision") is None
+        h.observations.clear()
+        before = len(h.kube.calls)
+        for _ in range(3):
+            await h.settle()
+        calls = h.kube.calls[before:]
+        assert sum(h.observations.values()) == 0, h.observations
+        # No status rebuilt (its read of the StatefulSet) and nothing written; the pass's own reads stay.
+        assert [(c.verb, c.kind) for c in calls if c.kind == "StatefulSet" or c.verb not in ("get", "list")] == []
+        h.kube.set_pod(h.namespace, h.pods[0], restarted=True)
+        await h.settle()
+        assert h.observations == dict.fromkeys(h.pods, 1)
+
+
 async def test_a_restart_the_pods_do_not_show_is_caught_by_the_full_read(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
