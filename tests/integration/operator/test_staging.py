@@ -7,6 +7,8 @@ without staging again, and an AllAtOnce fleet is out of service for about one co
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import pathlib
 import signal
 import time
@@ -256,6 +258,22 @@ STAGE_S = 1.0  # the simulated stage: longer than the window's slack, so a stage
 WINDOW_SLACK_S = 0.5
 
 
+@contextlib.contextmanager
+def _test_process_heap_frozen() -> Iterator[None]:
+    """The simulated engines answer from a thread of this pytest process, whose heap by this point of a full run
+    holds ~500,000 objects: a full collection of it stalled every engine for 0.51 s in the middle of this test
+    (measured with a gc.callbacks probe over `make test`'s integration run), and the CI run of 2026-12-05 failed
+    with the pauses spread over 0.498 s (0.01-0.04 s when the test runs alone). That stall is the harness's, not
+    the operator's: the heap is collected and frozen before the revision (its objects skip later collections) and
+    unfrozen after, and the bound stays what it was."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def test_all_at_once_64_pods_are_out_of_service_for_about_one_commit(
     big_fleet: FollowerThread, k8s_api: client.ApiClient, namespace: str, weights: pathlib.Path
 ) -> None:
@@ -268,8 +286,9 @@ def test_all_at_once_64_pods_are_out_of_service_for_about_one_commit(
     make_fleet(api, namespace, root, "pol", pods, mode="inflight", staging=STAGING)
     eventually(lambda: follower.engines() == pods, timeout=300, what=f"{pods} engines")
     wait_engines(api, follower, namespace, pods)
-    _create(api, namespace, wrev("step-1", "pol", 1, root))
-    done = _final(api, namespace, "step-1", timeout=180)
+    with _test_process_heap_frozen():
+        _create(api, namespace, wrev("step-1", "pol", 1, root))
+        done = _final(api, namespace, "step-1", timeout=180)
     assert done["status"]["phase"] == "Succeeded", done["status"]
     intervals = [i for log in follower.logs().values() for i in out_of_service_intervals(log)]
     assert len(intervals) == pods
