@@ -16,7 +16,7 @@ from typing import Any
 from rolloutfleet.api import conditions
 from rolloutfleet.api.common import Condition
 from rolloutfleet.api.fleet import PodState, RolloutFleetSpec, RolloutFleetStatus
-from rolloutfleet.planning import pod_readiness
+from rolloutfleet.planning import pod_readiness, pod_view
 from rolloutfleet.resources import labels
 
 Manifest = dict[str, Any]
@@ -83,7 +83,7 @@ class PodFactsMemo:
             pod=pod,
             conditions=conds,
             name=name,
-            ordinal=_ordinal(name),
+            ordinal=pod_view.ordinal(name),
             ip=status.get("podIP"),
             phase=status.get("phase") or "Pending",
             ready=_pod_ready(pod),
@@ -239,11 +239,6 @@ def _progress_reason(live: int, desired: int, updated: int) -> str:
     if updated < live:
         return "RollingPods"
     return "PodsStarting"
-
-
-def _ordinal(name: str) -> tuple[int, str]:
-    tail = name.rsplit("-", 1)[-1]
-    return (int(tail), name) if tail.isdigit() else (1 << 30, name)
 
 
 def invalid(old: RolloutFleetStatus, message: str, generation: int) -> RolloutFleetStatus:
