@@ -25,6 +25,10 @@ from rolloutfleet.api import engine as api
 from rolloutfleet.sim import EngineSpec, FaultKind, FaultRule, SimulatedEngine, SimulatedFleet
 
 HIDDEN = 32
+# Not about time (its faults are HTTP errors and split ranks, no hang): the client's own deadlines. A pre-flight
+# reads checkpoint files, and on a loaded CI box (2026-12-05) one outlasted the fault tests' 0.25 s and failed
+# test_preflight_changes_nothing with an EngineTimeout (tests/unit/engine/conftest.py, SHORT).
+ROOMY_DEADLINES = True
 
 
 def tensors_of(layers: int, seed: int) -> dict[str, np.ndarray]:
