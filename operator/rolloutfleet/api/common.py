@@ -104,6 +104,10 @@ CONDITIONS_LIST_EXTRA: JsonDict = {
 # RolloutFleet's targetRevision took 388 ms and 664 ms of the API server's CPU as a map, 146 ms and 223 ms
 # atomic, the object 306 KB against 144 KB (bench/results/fleet_status_write_cost.md; issue 18).
 PER_POD_LIST_EXTRA: JsonDict = {"x-kubernetes-list-type": "atomic"}
+# A status lists at most this many pods (``status.pods`` of both kinds): the API server stores an object whole,
+# etcd refuses one over 1.5 MiB by default, and a fleet may have 100,000 pods. Beyond it a status lists the pods
+# that stand out (planning.fleet_status, planning.revision_status).
+MAX_POD_ENTRIES = 256
 
 
 class LocalObjectReference(WireModel):

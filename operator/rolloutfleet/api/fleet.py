@@ -512,6 +512,18 @@ class PodState(WireModel):
     weight_version: str | None = Field(default=None, description="Weight version stamped on outputs.")
 
 
+class CommonPodState(WireModel):
+    """The state the pods left out of a large fleet's ``status.pods`` share (``RolloutFleetStatus.podsCommon``)."""
+
+    pods: int = Field(ge=0, description="Pods in this state, none of them listed in status.pods.")
+    phase: str = Field(default="Pending", description="Their pod phase.")
+    ready: bool = Field(default=False, description="Their Ready condition.")
+    revision: int | None = Field(default=None, description="Verifier revision they hold (unset: initial/unknown).")
+    draft_revision: int | None = Field(default=None, description="Draft revision they hold.")
+    step: str | None = Field(default=None, description="Update step in progress, if any.")
+    weight_version: str | None = Field(default=None, description="Weight version stamped on their outputs.")
+
+
 class ServedWeights(WireModel):
     """What the fleet serves, recorded when a revision completes; steady state and rollbacks use it, so
     deleting WeightRevision objects never changes what is served."""
@@ -555,8 +567,19 @@ class RolloutFleetStatus(WireModel):
     )
     pods: list[PodState] = Field(
         default_factory=list,
-        description="Per-pod state, one entry per pod.",
+        description=f"Per-pod state: every pod of a fleet of up to {common.MAX_POD_ENTRIES} pods. A larger fleet lists "
+        "only the pods whose state differs from podsCommon, the pods not Ready first, at most "
+        f"{common.MAX_POD_ENTRIES} of them (podsTruncated counts the others).",
         json_schema_extra=common.PER_POD_LIST_EXTRA,
+    )
+    pods_common: CommonPodState | None = Field(
+        default=None,
+        description=f"A fleet of more than {common.MAX_POD_ENTRIES} pods: the state most of its pods share, and "
+        "how many; these pods are not listed in pods.",
+    )
+    pods_truncated: int | None = Field(
+        default=None,
+        description="Pods whose state differs from podsCommon but that pods has no room for (unset: none).",
     )
     conditions: list[Condition] = Field(
         default_factory=list,

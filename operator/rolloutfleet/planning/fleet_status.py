@@ -4,18 +4,20 @@ Called by ``reconcile.fleet``. Given the previous status, the spec, the Stateful
 returns the new status; conditions move their timestamps only on a flip, so equal observations give an
 equal status and nothing is written. The revision fields (currentRevision, targetRevision and each pod's
 revision/draftRevision/step/weightVersion) belong to the revision loop and are carried over unchanged.
+A fleet of more than ``MAX_POD_ENTRIES`` pods lists only the pods unlike its most common state (``listing``).
 ``PodFactsMemo`` is the one state here: what was read of each pod object, so that a pod unchanged since the
 previous status is not read again (its results are the same as reading it anew).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any
 
 from rolloutfleet.api import conditions
-from rolloutfleet.api.common import Condition
-from rolloutfleet.api.fleet import PodState, RolloutFleetSpec, RolloutFleetStatus
+from rolloutfleet.api.common import MAX_POD_ENTRIES, Condition
+from rolloutfleet.api.fleet import CommonPodState, PodState, RolloutFleetSpec, RolloutFleetStatus
 from rolloutfleet.planning import pod_readiness, pod_view
 from rolloutfleet.resources import labels
 
@@ -129,6 +131,10 @@ def observed(
     """The status of a valid fleet; ``engines`` is the revision loop's latest view of each engine. ``memo``:
     the pods' facts as read for this fleet's previous statuses (``PodFactsMemo``; without it, read anew)."""
     previous = {p.name: p for p in old.pods}
+    # A large fleet's status leaves out the pods in its most common state: a pod it does not list was in that
+    # state if it was Ready then and is now (a Ready pod serves what its gate says; one not Ready, or new since,
+    # is not claimed to hold anything until its engine is read, as a pod the status never listed).
+    shared = old.pods_common
     memo = memo if memo is not None else PodFactsMemo()
     every = [memo.facts(p) for p in pods]
     memo.keep_only({f.name for f in every})
@@ -149,7 +155,9 @@ def observed(
         if last is not None and (facts.seen is seen or facts.seen == seen) and (seen is not None or before is last):
             entries.append(last)
             continue
-        carried = seen if seen is not None else before
+        carried: EngineSummary | PodState | CommonPodState | None = seen if seen is not None else before
+        if carried is None and shared is not None and shared.ready and facts.ready:
+            carried = shared
         values = {
             "name": facts.name,
             "ip": facts.ip,
@@ -167,6 +175,7 @@ def observed(
         entry = before if before is not None and before.__dict__ == values else PodState(**values)
         facts.seen, facts.entry = seen, entry
         entries.append(entry)
+    listed, common, truncated = listing(entries)
     ready = sum(1 for e in entries if e.ready)
     updated = sum(1 for f in live if update_revision and f.template_hash == update_revision)
     failing = [f.failing for f in live if f.failing]
@@ -225,10 +234,45 @@ def observed(
             "ready_replicas": ready,
             "updated_replicas": updated,
             "selector": labels.selector_string(fleet_name),
-            "pods": entries,
+            "pods": listed,
+            "pods_common": common,
+            "pods_truncated": truncated,
             "conditions": conds,
         }
     )
+
+
+def listing(entries: list[PodState]) -> tuple[list[PodState], CommonPodState | None, int | None]:
+    """What ``status.pods`` shows of ``entries`` (every live pod, in ordinal order): (the entries listed, the state
+    the others share, how many unlike it found no room).
+
+    A fleet of up to ``MAX_POD_ENTRIES`` pods lists them all. A larger one lists the pods unlike its most common
+    state (ties: the state met first), the pods not Ready first, at most ``MAX_POD_ENTRIES``: the API server
+    stores and sends the fleet whole on every write, and with a row per pod a fleet past 7,500-14,000 pods (by
+    its names' and IPs' length) had a status larger than etcd accepts (``tests/integration/operator/
+    test_crds_on_server.py``), its every status write refused.
+    """
+    if len(entries) <= MAX_POD_ENTRIES:
+        return entries, None, None
+    states = collections.Counter(_shared_state(e) for e in entries)
+    state, count = states.most_common(1)[0]
+    others = [e for e in entries if _shared_state(e) != state]
+    others.sort(key=lambda e: e.ready)  # (stable: ordinal order within each)
+    phase, ready, revision, draft_revision, step, weight_version = state
+    common = CommonPodState(
+        pods=count,
+        phase=phase,
+        ready=ready,
+        revision=revision,
+        draft_revision=draft_revision,
+        step=step,
+        weight_version=weight_version,
+    )
+    return others[:MAX_POD_ENTRIES], common, (len(others) - MAX_POD_ENTRIES if len(others) > MAX_POD_ENTRIES else None)
+
+
+def _shared_state(entry: PodState) -> tuple[str, bool, int | None, int | None, str | None, str | None]:
+    return entry.phase, entry.ready, entry.revision, entry.draft_revision, entry.step, entry.weight_version
 
 
 def _progress_reason(live: int, desired: int, updated: int) -> str:

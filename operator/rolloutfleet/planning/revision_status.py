@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 
-from rolloutfleet.api import conditions
+from rolloutfleet.api import common, conditions
 from rolloutfleet.api.engine import EngineState
 from rolloutfleet.api.revision import (
     Phase,
@@ -29,7 +29,7 @@ from rolloutfleet.planning.transaction import Decision, Goal, Step
 READY, PROGRESSING, VERIFIED = "Ready", "Progressing", "Verified"
 # status.pods lists every pod up to this many; beyond, only pods that are not done or have a message (an
 # entry with two digests is ~300 bytes: 4,096 of them would approach the API server's object size limit).
-MAX_POD_ENTRIES = 256
+MAX_POD_ENTRIES = common.MAX_POD_ENTRIES
 
 
 def timestamp() -> str:

@@ -234,8 +234,10 @@ async def _write_status(
     ctx: OperatorContext, body: Manifest, old_wire: Manifest, new_wire: Manifest
 ) -> tuple[bool, str | None]:
     """Patch the status subresource only with fields that changed: (written, the fleet's resourceVersion
-    after the write, None when nothing was written or the answer named none)."""
-    changed = {k: v for k, v in new_wire.items() if old_wire.get(k) != v}
+    after the write, None when nothing was written or the answer named none). A field the new status no longer
+    has (``podsCommon`` once the fleet is small again) is removed: a merge patch's null."""
+    changed: Manifest = {k: v for k, v in new_wire.items() if old_wire.get(k) != v}
+    changed.update(dict.fromkeys(old_wire.keys() - new_wire.keys()))
     if not changed:
         return False, None
     meta = body["metadata"]

@@ -155,3 +155,70 @@ def test_short_names_and_columns(crds_installed: list[str], k8s_api: client.ApiC
         "Updated",
         "Age",
     ]
+
+
+def test_a_16000_pod_fleet_s_status_is_accepted(
+    crds_installed: list[str], k8s_api: client.ApiClient, namespace: str
+) -> None:
+    """The API server stores a fleet whole, and etcd refuses an object over 1.5 MiB (its default
+    --max-request-bytes). With a row per pod (~115 bytes here) a 16,000-pod fleet's status was 1.8 MB: every
+    write of it failed, so readyReplicas and the conditions never moved. The status the operator builds now lists
+    the pods that stand out (``planning.fleet_status.listing``) and is accepted; the row-per-pod form of the same
+    status is refused, which is why."""
+    from rolloutfleet.api.fleet import RolloutFleetSpec, RolloutFleetStatus
+    from rolloutfleet.planning import fleet_status
+    from rolloutfleet.resources import labels
+
+    api = client.CustomObjectsApi(k8s_api)
+    doc = copy.deepcopy(FLEET)
+    doc["spec"]["replicas"] = 0  # its pods here are only the status's: the control plane runs none
+    fleet = create(api, namespace, doc)
+    name, n = fleet["metadata"]["name"], 16_000
+    pods = [
+        {
+            "metadata": {"name": f"{name}-{i}", "namespace": namespace, "uid": f"u-{i}"},
+            "spec": {"readinessGates": [{"conditionType": labels.WEIGHTS_READY_CONDITION}]},
+            "status": {
+                "phase": "Running",
+                "podIP": f"127.{1 + i // 65536}.{i // 256 % 256}.{i % 256}",
+                "conditions": [
+                    {"type": "ContainersReady", "status": "True"},
+                    {"type": labels.WEIGHTS_READY_CONDITION, "status": "False" if i % 4 else "True"},
+                ],
+            },
+        }
+        for i in range(n)
+    ]
+    # Midway through a Rolling revision: a quarter of the pods serve revision 8, the rest still 7.
+    engines = {
+        p["metadata"]["name"]: fleet_status.EngineSummary(8, 8, "Done", "8")
+        if i % 4 == 0
+        else fleet_status.EngineSummary(7, 7, None, "7")
+        for i, p in enumerate(pods)
+    }
+    spec = RolloutFleetSpec.model_validate({**fleet["spec"], "replicas": n})
+    status = fleet_status.observed(RolloutFleetStatus(), spec, name, 1, None, pods, engines)
+    summary = {k: v for k, v in status.to_wire().items() if k not in ("pods", "podsCommon", "podsTruncated")}
+    rows = [
+        {"name": p["metadata"]["name"], "ip": p["status"]["podIP"], "phase": "Running", "ready": i % 4 == 0}
+        | {
+            "revision": engines[p["metadata"]["name"]].revision,
+            "draftRevision": engines[p["metadata"]["name"]].draft_revision,
+            "weightVersion": engines[p["metadata"]["name"]].weight_version,
+        }
+        for i, p in enumerate(pods)
+    ]
+    with pytest.raises(client.ApiException) as refused:
+        api.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, "rolloutfleets", name, {"status": {**summary, "pods": rows}}
+        )
+    assert len(json.dumps(rows)) > 1.5 * 2**20
+    assert "request is too large" in str(refused.value.body), refused.value.body
+    written = api.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "rolloutfleets", name, {"status": status.to_wire()}
+    )
+    stored = written["status"]
+    assert len(json.dumps(stored)) < 100_000
+    assert stored["podsCommon"]["pods"] == n - n // 4 and stored["podsCommon"]["revision"] == 7
+    assert len(stored["pods"]) == 256 and stored["podsTruncated"] == n // 4 - 256
+    assert stored["readyReplicas"] == n // 4

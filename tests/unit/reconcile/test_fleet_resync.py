@@ -15,6 +15,7 @@ from reconcile_fakes import harness
 
 from rolloutfleet.api import common
 from rolloutfleet.api.engine import EngineState
+from rolloutfleet.planning import fleet_status
 from rolloutfleet.reconcile import fleet as fleet_reconcile
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -138,3 +139,22 @@ async def test_each_refresh_shows_what_the_revision_loop_last_saw_of_each_engine
         h.memory.engine_view_incarnations[pod] = "another-uid/0"  # read through a pod since recreated
         await fleet_reconcile.refresh_status(h.ctx, h.namespace, h.fleet)
         assert (entry().get("revision"), entry().get("step")) == (None, None)
+
+
+async def test_a_fleet_small_again_lists_every_pod_and_drops_its_common_state(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet of more than ``MAX_POD_ENTRIES`` pods names the state its unlisted pods share in podsCommon
+    (``planning.fleet_status.listing``; the limit is 2 here, so that 3 pods are a large fleet). Scaled down to
+    the limit it lists every pod again, and podsCommon must go with the write (a merge patch keeps a field the
+    patch leaves out): left behind, it would count pods the status does not list."""
+    monkeypatch.setattr(fleet_status, "MAX_POD_ENTRIES", 2)
+    async with harness(tmp_path, replicas=3) as h:
+        await fleet_reconcile.refresh_status(h.ctx, h.namespace, h.fleet)
+        status = h.fleet_status()
+        assert status["podsCommon"]["pods"] == 3 and status["podsCommon"]["ready"] is True
+        assert status.get("pods", []) == [] and status["readyReplicas"] == 3
+        h.kube.delete_pod(h.namespace, h.pods[2])
+        assert await fleet_reconcile.refresh_status(h.ctx, h.namespace, h.fleet)
+        status = h.fleet_status()
+        assert "podsCommon" not in status and [p["name"] for p in status["pods"]] == h.pods[:2]

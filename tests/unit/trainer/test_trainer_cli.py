@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Any
 
 import pytest
@@ -93,6 +94,23 @@ def test_render_status_table() -> None:
     assert lines[5].split() == ["pol-1", "127.1.0.3", "no", "1", "1", "LoadVerifier", "1", "2h"]
 
 
+def test_render_a_large_fleet_shows_its_pods_unlike_the_rest_then_one_row_for_the_others() -> None:
+    """Above 256 pods the status lists only the pods unlike the fleet's most common state and names that state in
+    podsCommon (``planning.fleet_status.listing``): the table must still account for every pod."""
+    obj = _fleet_with_pods()
+    obj["status"]["pods"] = obj["status"]["pods"][1:]
+    obj["status"]["podsCommon"] = {"pods": 299, "phase": "Running", "ready": True, "revision": 2, "draftRevision": 2}
+    obj["status"]["podsCommon"]["weightVersion"] = "2"
+    obj["status"]["podsTruncated"] = 3
+    revs = [revision("pol-r2", "pol", 2, "/w/policy/2")]
+    revs[0]["status"]["completionTime"] = "2026-01-01T11:59:30Z"
+    lines = status_cmd.render(obj, revs, NOW).splitlines()
+    assert lines[3].split()[0] == "POD"
+    assert lines[4].split()[:6] == ["pol-1", "127.1.0.3", "no", "1", "1", "LoadVerifier"]
+    assert lines[5].split() == ["(299", "other", "pods)", "-", "yes", "2", "2", "-", "2", "30s"]
+    assert lines[6] == "(3 more pods differ from the other pods but are not listed: the status lists at most 256)"
+
+
 def test_render_initial_fleet_without_pods() -> None:
     obj = fleet("pol", "/w")
     obj["metadata"]["namespace"] = "ns"
@@ -120,7 +138,15 @@ def test_commands_exit_codes(fake: FakeCustomObjects, capsys: pytest.CaptureFixt
     assert cli.main(["status", "pol", "-n", "ns"]) == 0
     assert "pol-1" in capsys.readouterr().out
     assert cli.main(["status", "pol", "-n", "ns", "-o", "json"]) == 0
-    assert '"weightVersion": "2"' in capsys.readouterr().out
+    out = json.loads(capsys.readouterr().out)
+    assert out["pods"][0]["weightVersion"] == "2" and "otherPods" not in out
+    # A large fleet's JSON names the state of the pods its status does not list, and how many it had no room for.
+    fake.objects[("rolloutfleets", "ns", "pol")]["status"].update(
+        podsCommon={"pods": 300, "revision": 2}, podsTruncated=4
+    )
+    assert cli.main(["status", "pol", "-n", "ns", "-o", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["otherPods"]["pods"], out["otherPods"]["revision"], out["podsNotListed"]) == (300, 2, 4)
     assert cli.main(["status", "nope", "-n", "ns"]) == 1
     assert "RolloutFleet ns/nope not found" in capsys.readouterr().err
     assert cli.main(["wait", "pods/x", "-n", "ns"]) == 2

@@ -4,7 +4,9 @@
 
 Loaded by ``rolloutfleet.cli``. Reads the RolloutFleet's status (what the operator last observed on each
 engine) and the fleet's WeightRevisions (for the ages and the rollout in progress); ``render`` is pure so
-it is unit-tested. ``--watch`` redraws whenever the table changes until interrupted.
+it is unit-tested. ``--watch`` redraws whenever the table changes until interrupted. A fleet of more than
+256 pods lists only its pods unlike the rest (``planning.fleet_status.listing``): the table shows them, then one
+row for the others.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 import time
 from typing import Any
 
+from rolloutfleet.api.common import MAX_POD_ENTRIES
 from rolloutfleet.trainer import publish
 from rolloutfleet.trainer.cli import (
     EXIT_OK,
@@ -86,6 +89,29 @@ def rows(
     return out
 
 
+def common(
+    fleet_obj: dict[str, Any], revisions: list[dict[str, Any]], now: datetime.datetime | None = None
+) -> dict[str, Any] | None:
+    """A fleet of more than 256 pods: the state its unlisted pods share (``status.podsCommon``), as a row
+    without a name or IP and with how many pods it stands for; None for a fleet whose status lists every pod."""
+    shared = (fleet_obj.get("status") or {}).get("podsCommon")
+    if not shared:
+        return None
+    rev = shared.get("revision")
+    return {
+        "pods": int(shared.get("pods") or 0),
+        "ready": bool(shared.get("ready")),
+        "phase": shared.get("phase"),
+        "revision": rev,
+        "draftRevision": shared.get("draftRevision"),
+        "step": shared.get("step"),
+        "weightVersion": shared.get("weightVersion"),
+        "revisionAge": publish.age(
+            _revision_since(_fleet_revisions(revisions, fleet_obj["metadata"]["name"]), rev), now
+        ),
+    }
+
+
 def _cell(value: Any, initial: str = "-") -> str:
     if value is None:
         return initial
@@ -119,16 +145,18 @@ def render(fleet_obj: dict[str, Any], revisions: list[dict[str, Any]], now: date
             line += f" - {rstatus['reason']}: {rstatus.get('message') or ''}".rstrip(": ")
         lines.append(line)
     table = [list(COLUMNS)]
-    for row in rows(fleet_obj, revisions, now):
+    draft_initial = "initial" if spec.get("draft", {}).get("method", "none") != "none" else "-"
+    shared = common(fleet_obj, revisions, now)
+    listed = rows(fleet_obj, revisions, now)
+    # A large fleet's status lists only the pods unlike the rest: those first, then one row for the others.
+    for row in [*listed, *([{**shared, "name": f"({shared['pods']} other pods)", "ip": None}] if shared else [])]:
         table.append(
             [
                 _cell(row["name"]),
                 _cell(row["ip"]),
                 _cell(row["ready"]),
                 _cell(row["revision"], "initial"),
-                _cell(
-                    row["draftRevision"], "initial" if spec.get("draft", {}).get("method", "none") != "none" else "-"
-                ),
+                _cell(row["draftRevision"], draft_initial),
                 _cell(row["step"]),
                 _cell(row["weightVersion"]),
                 row["revisionAge"],
@@ -139,6 +167,12 @@ def render(fleet_obj: dict[str, Any], revisions: list[dict[str, Any]], now: date
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
     if len(table) == 1:
         lines.append("(no pods observed yet)")
+    truncated = status.get("podsTruncated")
+    if truncated:
+        lines.append(
+            f"({truncated} more pods differ from the other pods but are not listed: the status lists at most "
+            f"{MAX_POD_ENTRIES})"
+        )
     return "\n".join(lines)
 
 
@@ -173,9 +207,12 @@ def run(args: argparse.Namespace) -> int:
                 time.sleep(interval)
                 continue
             if args.output == "json":
-                text = json.dumps(
-                    {"fleet": args.fleet, "namespace": namespace, "pods": rows(fleet_obj, revisions)}, sort_keys=True
-                )
+                out = {"fleet": args.fleet, "namespace": namespace, "pods": rows(fleet_obj, revisions)}
+                shared = common(fleet_obj, revisions)
+                if shared is not None:  # a fleet of more than 256 pods: the state the pods not listed share
+                    out["otherPods"] = shared
+                    out["podsNotListed"] = int((fleet_obj.get("status") or {}).get("podsTruncated") or 0)
+                text = json.dumps(out, sort_keys=True)
             else:
                 text = render(fleet_obj, revisions)
             if text != last:
