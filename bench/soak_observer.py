@@ -126,6 +126,15 @@ class FleetView:
     target: int | None
     pods: Mapping[str, int | None]  # pod name -> status.pods[].revision
     steps: Mapping[str, str | None] = dataclasses.field(default_factory=dict)  # pod name -> status.pods[].step
+    # status.podsCommon's (revision, step): a fleet of more than 256 pods lists only the pods unlike it, and
+    # says this of every pod it leaves out.
+    common: tuple[int | None, str | None] | None = None
+
+    def said(self, pod: str) -> tuple[int | None, str | None] | None:
+        """(revision, step) the status says of ``pod``: its row, else the common state; None: nothing."""
+        if pod in self.pods:
+            return self.pods[pod], self.steps.get(pod)
+        return self.common
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +184,15 @@ def fleet_view(fleet: Manifest | None) -> FleetView | None:
         return None
     pods = {str(p.get("name")): p.get("revision") for p in status.get("pods") or [] if p.get("name")}
     steps = {str(p.get("name")): p.get("step") for p in status.get("pods") or [] if p.get("name")}
-    return FleetView(current=status.get("currentRevision"), target=status.get("targetRevision"), pods=pods, steps=steps)
+    shared = status.get("podsCommon")
+    common = (shared.get("revision"), shared.get("step")) if isinstance(shared, dict) else None
+    return FleetView(
+        current=status.get("currentRevision"),
+        target=status.get("targetRevision"),
+        pods=pods,
+        steps=steps,
+        common=common,
+    )
 
 
 # --- pure checks -------------------------------------------------------------------------------------
@@ -276,20 +293,22 @@ def status_disagreement(pod: str, engine: EngineView, fleet: FleetView | None) -
     """
     if fleet is None:
         return None
-    if pod not in fleet.pods:
+    said = fleet.said(pod)
+    if said is None:
         return f"pod missing from status.pods (engine holds r{engine.verifier.revision})"
-    said = fleet.pods[pod]
+    revision, step = said
     held = engine.verifier.revision
-    if said != held and status_unread(pod, engine, fleet) is None and status_pending(pod, engine, fleet) is None:
-        return f"status says r{said} (step {fleet.steps.get(pod)}), verifier holds r{held} ({engine.verifier.kind})"
+    if revision != held and status_unread(pod, engine, fleet) is None and status_pending(pod, engine, fleet) is None:
+        return f"status says r{revision} (step {step}), verifier holds r{held} ({engine.verifier.kind})"
     return None
 
 
 def status_unread(pod: str, engine: EngineView, fleet: FleetView | None) -> str | None:
     """The status says the engine's revision is unknown because the operator could not read it."""
-    if fleet is None or pod not in fleet.pods or fleet.pods[pod] is not None:
+    said = None if fleet is None else fleet.said(pod)
+    if said is None or said[0] is not None:
         return None
-    step = fleet.steps.get(pod)
+    step = said[1]
     if step not in UNREAD_STEPS or engine.verifier.revision is None:
         return None
     return f"status says unknown (step {step}), verifier holds r{engine.verifier.revision} ({engine.verifier.kind})"
@@ -305,9 +324,10 @@ CHAIN_STEPS = frozenset({"Sleep", "WakeWeights", "LoadVerifier", "LoadDraft", "C
 def status_pending(pod: str, engine: EngineView, fleet: FleetView | None) -> str | None:
     """The status names no revision while the pod's steps, sent in one request, run on a paused engine that
     still holds one (its sleep has not come yet): a claim of nothing until the request answers."""
-    if fleet is None or pod not in fleet.pods or fleet.pods[pod] is not None:
+    said = None if fleet is None else fleet.said(pod)
+    if said is None or said[0] is not None:
         return None
-    step = fleet.steps.get(pod)
+    step = said[1]
     if step not in CHAIN_STEPS or not engine.paused or engine.verifier.revision is None:
         return None
     return (

@@ -202,6 +202,25 @@ def test_status_disagreement() -> None:
     assert obs.status_disagreement("policy-0", loading, fleet()) is not None
 
 
+def test_a_large_fleet_s_unlisted_pods_are_judged_by_its_common_state() -> None:
+    """A fleet of more than 256 pods lists only its pods unlike the rest (``status.podsCommon`` says what the
+    others hold): an unlisted pod is not missing from the status, and is held to the common state."""
+    view = obs.fleet_view(
+        {
+            "status": {
+                "currentRevision": 5,
+                "pods": [{"name": "policy-1", "revision": 4}],
+                "podsCommon": {"pods": 300, "revision": 5},
+            }
+        }
+    )
+    assert view is not None and view.said("policy-0") == (5, None) and view.said("policy-1") == (4, None)
+    assert obs.status_disagreement("policy-0", engine(), view) is None
+    assert "r5" in (obs.status_disagreement("policy-0", engine(verifier=slot(revision=6)), view) or "")
+    small = obs.fleet_view({"status": {"currentRevision": 5, "pods": [{"name": "policy-1", "revision": 4}]}})
+    assert "missing" in (obs.status_disagreement("policy-0", engine(), small) or "")
+
+
 def test_lag_counts_only_past_the_tolerance_and_resets_on_agreement() -> None:
     lag = obs.Lag(3.0)
     assert lag.observe(10.0, "p", True) == (False, 0.0)
