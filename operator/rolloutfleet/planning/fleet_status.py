@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import operator
+from collections.abc import Callable
 from typing import Any
 
 from rolloutfleet.api import conditions
@@ -254,25 +256,17 @@ def listing(entries: list[PodState]) -> tuple[list[PodState], CommonPodState | N
     """
     if len(entries) <= MAX_POD_ENTRIES:
         return entries, None, None
-    states = collections.Counter(_shared_state(e) for e in entries)
-    state, count = states.most_common(1)[0]
-    others = [e for e in entries if _shared_state(e) != state]
+    states = [_shared_state(e) for e in entries]
+    state, count = collections.Counter(states).most_common(1)[0]
+    others = [e for e, s in zip(entries, states, strict=True) if s != state]
     others.sort(key=lambda e: e.ready)  # (stable: ordinal order within each)
-    phase, ready, revision, draft_revision, step, weight_version = state
-    common = CommonPodState(
-        pods=count,
-        phase=phase,
-        ready=ready,
-        revision=revision,
-        draft_revision=draft_revision,
-        step=step,
-        weight_version=weight_version,
-    )
+    common = CommonPodState(pods=count, **dict(zip(_SHARED_FIELDS, state, strict=True)))
     return others[:MAX_POD_ENTRIES], common, (len(others) - MAX_POD_ENTRIES if len(others) > MAX_POD_ENTRIES else None)
 
 
-def _shared_state(entry: PodState) -> tuple[str, bool, int | None, int | None, str | None, str | None]:
-    return entry.phase, entry.ready, entry.revision, entry.draft_revision, entry.step, entry.weight_version
+# What the pods left out of a large fleet's list share: every field of a pod's entry but its name and IP.
+_SHARED_FIELDS = ("phase", "ready", "revision", "draft_revision", "step", "weight_version")
+_shared_state: Callable[[PodState], tuple[Any, ...]] = operator.attrgetter(*_SHARED_FIELDS)
 
 
 def _progress_reason(live: int, desired: int, updated: int) -> str:

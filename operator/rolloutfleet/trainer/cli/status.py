@@ -65,28 +65,29 @@ def _revision_since(revisions: list[dict[str, Any]], number: int | None) -> str 
     return str(status.get("completionTime") or best["metadata"].get("creationTimestamp") or "") or None
 
 
+def _state(entry: dict[str, Any], mine: list[dict[str, Any]], now: datetime.datetime | None) -> dict[str, Any]:
+    """What the table shows of one status entry (a pod's row, or podsCommon), beside the pod's name and IP."""
+    rev = entry.get("revision")
+    return {
+        "ready": bool(entry.get("ready")),
+        "phase": entry.get("phase"),
+        "revision": rev,
+        "draftRevision": entry.get("draftRevision"),
+        "step": entry.get("step"),
+        "weightVersion": entry.get("weightVersion"),
+        "revisionAge": publish.age(_revision_since(mine, rev), now),
+    }
+
+
 def rows(
     fleet_obj: dict[str, Any], revisions: list[dict[str, Any]], now: datetime.datetime | None = None
 ) -> list[dict[str, Any]]:
     """One dict per pod: name, ip, ready, revision, draftRevision, step, weightVersion, revisionAge."""
     mine = _fleet_revisions(revisions, fleet_obj["metadata"]["name"])
-    out = []
-    for pod in (fleet_obj.get("status") or {}).get("pods") or []:
-        rev = pod.get("revision")
-        out.append(
-            {
-                "name": pod.get("name"),
-                "ip": pod.get("ip"),
-                "ready": bool(pod.get("ready")),
-                "phase": pod.get("phase"),
-                "revision": rev,
-                "draftRevision": pod.get("draftRevision"),
-                "step": pod.get("step"),
-                "weightVersion": pod.get("weightVersion"),
-                "revisionAge": publish.age(_revision_since(mine, rev), now),
-            }
-        )
-    return out
+    return [
+        {"name": pod.get("name"), "ip": pod.get("ip"), **_state(pod, mine, now)}
+        for pod in (fleet_obj.get("status") or {}).get("pods") or []
+    ]
 
 
 def common(
@@ -97,19 +98,8 @@ def common(
     shared = (fleet_obj.get("status") or {}).get("podsCommon")
     if not shared:
         return None
-    rev = shared.get("revision")
-    return {
-        "pods": int(shared.get("pods") or 0),
-        "ready": bool(shared.get("ready")),
-        "phase": shared.get("phase"),
-        "revision": rev,
-        "draftRevision": shared.get("draftRevision"),
-        "step": shared.get("step"),
-        "weightVersion": shared.get("weightVersion"),
-        "revisionAge": publish.age(
-            _revision_since(_fleet_revisions(revisions, fleet_obj["metadata"]["name"]), rev), now
-        ),
-    }
+    mine = _fleet_revisions(revisions, fleet_obj["metadata"]["name"])
+    return {"pods": int(shared.get("pods") or 0), **_state(shared, mine, now)}
 
 
 def _cell(value: Any, initial: str = "-") -> str:
