@@ -61,6 +61,7 @@ from rolloutfleet.adapters.engine_wire import (
     fault_of,
     state_from_wire,
 )
+from rolloutfleet.api import common
 from rolloutfleet.api import engine as api
 
 __all__ = [
@@ -1167,7 +1168,8 @@ class EnginePool:
         )
 
     def for_address(self, ip: str, port: int = 8000) -> EngineClient:
-        return self.client(f"http://{ip}:{port}")
+        """The engine of a pod at ``ip`` (its status.podIP: IPv4, or IPv6 on an IPv6 cluster)."""
+        return self.client(f"http://{common.host_port(ip, port)}")
 
 
 def preflight_calls(targets: Sequence[tuple[api.Target, str]]) -> list[wire.Call]:

@@ -110,6 +110,13 @@ PER_POD_LIST_EXTRA: JsonDict = {"x-kubernetes-list-type": "atomic"}
 MAX_POD_ENTRIES = 256
 
 
+def host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets (``[fd00::1]:8000``): what a URL and a published push session
+    need. A pod's ``status.podIP`` is an IPv6 address on an IPv6 cluster and on a dual-stack one that lists IPv6
+    first; written bare, its colons run into the port's."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class LocalObjectReference(WireModel):
     """A reference to an object by name in the same namespace."""
 

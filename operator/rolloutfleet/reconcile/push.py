@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rolloutfleet.api import vllm_flags
+from rolloutfleet.api import common, vllm_flags
 from rolloutfleet.api.engine import EngineState, GroupMembership, Target
 from rolloutfleet.api.fleet import RolloutFleetSpec, TransferBackend
 from rolloutfleet.api.revision import (
@@ -280,5 +280,6 @@ def published_sessions(
         ip = ((bodies.get(pod) or {}).get("status") or {}).get("podIP")
         if not ip:
             continue
-        out.append(PushSessionStatus(pod=pod, address=f"{ip}:{port}", target=session.target.value, epoch=session.epoch))
+        address = common.host_port(ip, port)
+        out.append(PushSessionStatus(pod=pod, address=address, target=session.target.value, epoch=session.epoch))
     return out

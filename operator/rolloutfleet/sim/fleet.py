@@ -9,7 +9,8 @@ The embedding API for tests, the sandbox and the pod follower::
         await fleet.remove("127.1.0.5", 8000)
 
 Engines listen on loopback only (127.0.0.0/8: Linux accepts any address of it without configuration),
-so the local control plane's pod IPs (127.1.x.y) can be served directly. The admin server listens on
+so the local control plane's pod IPs (127.1.x.y) can be served directly; ``::1`` too, for a pod of an IPv6
+cluster. The admin server listens on
 127.0.0.1 (``admin_port``) and needs the same bearer token as the engines' control routes:
 
     GET    /admin/engines                         [{key, url, running, spec}]
@@ -121,8 +122,8 @@ class SimulatedFleet:
         faults: list[FaultRule] | tuple[FaultRule, ...] = (),
     ) -> SimulatedEngine:
         """Start one engine on ``ip:port`` (``port=0`` picks a free port). Idempotent per key."""
-        if not ip.startswith("127."):
-            raise ValueError(f"simulated engines listen on loopback (127.0.0.0/8) only, not {ip}")
+        if not (ip.startswith("127.") or ip == "::1"):
+            raise ValueError(f"simulated engines listen on loopback (127.0.0.0/8, or ::1) only, not {ip}")
         existing = self.engines.get(f"{ip}:{port}")
         if existing is not None:
             return existing

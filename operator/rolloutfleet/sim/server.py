@@ -56,7 +56,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rolloutfleet.api import vllm_flags
+from rolloutfleet.api import common, vllm_flags
 from rolloutfleet.sim import sequence, transfer_http
 from rolloutfleet.sim.config import (
     STAGED_LOAD_KEY,
@@ -162,7 +162,7 @@ class SimulatedEngine:
 
     @property
     def url(self) -> str:
-        return f"http://{self.ip}:{self.port}"
+        return f"http://{common.host_port(self.ip, self.port)}"
 
     @property
     def versioned(self) -> bool:

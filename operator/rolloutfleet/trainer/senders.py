@@ -39,6 +39,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
+from rolloutfleet.api import common
 from rolloutfleet.trainer import digest as tensor_digest
 from rolloutfleet.trainer import tensors as torch_tensors
 from rolloutfleet.trainer.digest import RawTensor
@@ -307,7 +308,7 @@ class NcclSender(Sender):
         return self.rendezvous_address()
 
     def rendezvous_address(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return common.host_port(self.host, self.port)
 
     def broadcast(self, prepared: Prepared, timeout: float, cancel: threading.Event) -> None:
         epoch = self.group_epoch

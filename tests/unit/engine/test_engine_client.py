@@ -151,6 +151,23 @@ async def test_unreachable_engine(pool: EnginePool) -> None:
     assert not state.reachable and f"cannot connect to 127.0.0.1:{port}" in (state.error or "")
 
 
+async def test_an_engine_at_an_ipv6_pod_address_is_reached(fleet: SimulatedFleet, pool: EnginePool) -> None:
+    """On an IPv6 cluster (or a dual-stack one listing IPv6 first) a pod's status.podIP is an IPv6 address. The
+    revision loop reaches each engine at ``for_address(podIP, spec.port)``; written bare into the URL
+    (``http://::1:8000``) the address's colons ran into the port's and every engine of such a cluster failed
+    with a ValueError before any request: no pod could ever be updated or marked Ready."""
+    try:
+        sim = await fleet.add("::1", 0)
+    except OSError as exc:  # a machine whose loopback has no IPv6 address
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    client = pool.for_address("::1", sim.port)
+    assert client.base_url == f"http://[::1]:{sim.port}"
+    state = await client.observe()
+    assert state.reachable and state.error is None, state
+    await client.resume()
+    assert acted(sim, "resume") == 1
+
+
 async def test_token_never_appears_in_logs_reprs_or_errors(
     pool: EnginePool, client: EngineClient, sim: SimulatedEngine, caplog: pytest.LogCaptureFixture
 ) -> None:

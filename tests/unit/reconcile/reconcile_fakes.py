@@ -22,11 +22,13 @@ import dataclasses
 import functools
 import itertools
 import pathlib
+import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, NamedTuple, cast
 from unittest import mock
 
 import numpy as np
+import pytest
 from kube_fakes import FakeKube
 from safetensors.numpy import save_file
 
@@ -171,11 +173,12 @@ class Harness:
 
     # --- pods and engines --------------------------------------------------------------------------
 
-    async def add_pod(self, name: str | None = None, *, listening: bool = True) -> str:
-        """A new Running, Ready pod; with ``listening`` a fresh engine (initial weights) serves its IP."""
+    async def add_pod(self, name: str | None = None, *, listening: bool = True, ip: str | None = None) -> str:
+        """A new Running, Ready pod; with ``listening`` a fresh engine (initial weights) serves its IP (``ip``,
+        or the next of ``IP_PREFIX``'s)."""
         index = next(self._next_ip)
         name = name or f"{self.fleet}-{len(self.pod_ips)}"
-        ip = f"{IP_PREFIX}.{0 if listening else 1}.{index}"
+        ip = ip or f"{IP_PREFIX}.{0 if listening else 1}.{index}"
         if listening:
             engine_ = await self.sim.add(ip, self.port)
             engine_.log = engine_.core.log = engine_.core.staging.log = OrderedLog(self._order)
@@ -356,9 +359,12 @@ async def harness(
     max_retries: int = 1,
     reconcile_fleet: bool = True,
     fleet_extra: Manifest | None = None,
+    ipv6: bool = False,
     **strategy: Any,
 ) -> AsyncIterator[Harness]:
-    """A fleet of ``replicas`` pods; the first ``unreachable`` of them have IPs nothing listens on."""
+    """A fleet of ``replicas`` pods; the first ``unreachable`` of them have IPs nothing listens on. ``ipv6``: one
+    pod, on ``::1`` (the one IPv6 loopback address), as a pod of an IPv6 cluster."""
+    assert not ipv6 or replicas == 1, "one IPv6 loopback address: one pod"
     root = tmp_path / "weights"
     sim = SimulatedFleet(token=TOKEN, weights=WeightsConfig(synthetic_root=None), latencies=Latencies())
     kube = FakeKube()
@@ -394,7 +400,7 @@ async def harness(
         template = children.build_statefulset(owner, parsed)["spec"]["template"]["spec"]
         h.readiness_gates = tuple(g["conditionType"] for g in template.get("readinessGates") or [])
         for i in range(replicas):
-            await h.add_pod(f"{FLEET}-{i}", listening=i >= unreachable)
+            await h.add_pod(f"{FLEET}-{i}", listening=i >= unreachable, ip="::1" if ipv6 else None)
         with count_observations(h), fast_retries():
             if reconcile_fleet:
                 await h.reconcile_fleet()
@@ -408,6 +414,15 @@ async def harness(
             await memory.pool.close()
         await sim.stop()
         kube.close()
+
+
+def skip_without_ipv6_loopback() -> None:
+    """Skip the calling test on a machine whose loopback has no IPv6 address (``harness(ipv6=True)`` needs it)."""
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ from rolloutfleet.api.engine import EngineState, GroupMembership, PushSession, T
 from rolloutfleet.api.revision import WeightRevisionStatus
 from rolloutfleet.planning import revisions
 from rolloutfleet.reconcile import push
+from rolloutfleet.trainer.senders import split_address
 
 pytestmark = pytest.mark.unit
 
@@ -33,6 +34,15 @@ def test_an_epoch_is_published_only_once_every_session_of_it_is_open() -> None:
     assert [(s.pod, s.epoch, s.address) for s in published] == [("a", 4, "127.1.0.0:8000")]
     complete = push.published_sessions(states, {}, bodies, 8000)
     assert [s.pod for s in complete] == ["a", "b"]  # a failed session is not one to send into
+
+
+def test_a_session_on_an_ipv6_pod_is_published_with_its_address_in_brackets() -> None:
+    # docs/push.md gives an address as host:port, [v6]:port too, and the trainer splits it at its last colon:
+    # "fd00::7:8000" written bare was read there as host "fd00::7", but it is no address an HTTP URL or another
+    # reader of the status can take (is 7:8000 part of the host?).
+    published = push.published_sessions({"a": _state(4)}, {}, {"a": _pod("fd00::7")}, 8000)
+    assert [s.address for s in published] == ["[fd00::7]:8000"]
+    assert split_address(published[0].address) == ("fd00::7", 8000)
 
 
 def test_epochs_only_grow_above_what_any_engine_reports() -> None:

@@ -25,6 +25,7 @@ from reconcile_fakes import (
     ok_calls,
     out_of_service,
     served_revisions,
+    skip_without_ipv6_loopback,
 )
 
 from rolloutfleet.reconcile import rollout_pass
@@ -68,6 +69,22 @@ async def test_all_at_once_sleep_mode_moves_every_engine_and_records_success(tmp
         assert h.fleet_status()["currentRevision"] == 1
         assert h.fleet_status().get("targetRevision") is None
         assert [p["revision"] for p in h.fleet_status()["pods"]] == [1, 1, 1]
+
+
+async def test_a_pod_with_an_ipv6_address_is_updated_and_routed(tmp_path: pathlib.Path) -> None:
+    """On an IPv6 cluster every pod's status.podIP is an IPv6 address. The revision loop used to write it bare
+    into the engine's URL, so every pass failed before its first request: such a fleet never left its initial
+    weights and its pods never became Ready. The engine here listens on ``::1``, as a pod's engine on its IPv6
+    address (started with ``--host ::``: docs/install.md)."""
+    skip_without_ipv6_loopback()
+    async with harness(tmp_path, replicas=1, ipv6=True) as h:
+        (pod,) = h.pods
+        h.apply_revision("step-1", 1)
+        await h.settle()
+        assert h.served(pod) == (1, 1, False)
+        assert h.revision_status("step-1")["phase"] == "Succeeded"
+        (entry,) = h.fleet_status()["pods"]
+        assert (entry["ip"], entry["revision"], entry["ready"]) == ("::1", 1, True), entry
 
 
 async def test_all_at_once_barrier_no_engine_resumes_before_every_engine_loaded(tmp_path: pathlib.Path) -> None:
