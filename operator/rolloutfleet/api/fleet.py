@@ -488,6 +488,19 @@ class RolloutFleetSpec(WireModel):
     )
 
 
+def engine_workers(spec: RolloutFleetSpec) -> int:
+    """Ranks one engine brings to a NCCL group: its tensor x pipeline parallel workers (vLLM's worker rank
+    is ``rank_offset + its rank``)."""
+    pipeline = 1
+    args = list(spec.extra_args)
+    for i, arg in enumerate(args):
+        if vllm_flags.flag_name(arg) != "--pipeline-parallel-size":
+            continue
+        value = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "1")
+        pipeline = int(value) if value.isdigit() else 1
+    return spec.tensor_parallel_size * max(1, pipeline)
+
+
 def sleep_mode_enabled(spec: RolloutFleetSpec) -> bool:
     """Whether the fleet's engines start with vLLM's sleep mode (``--enable-sleep-mode``).
 

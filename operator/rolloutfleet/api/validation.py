@@ -8,12 +8,13 @@ means valid. Nothing here touches the cluster or the engines.
 from __future__ import annotations
 
 import dataclasses
+import json
 import posixpath
 import re
 
 import pydantic
 
-from rolloutfleet.api import fleet, revision, vllm_flags
+from rolloutfleet.api import common, fleet, revision, vllm_flags
 from rolloutfleet.api.fleet import DraftMethod, DraftPolicy, RolloutFleetSpec, UpdateMode
 from rolloutfleet.api.revision import WeightRevisionSpec
 
@@ -277,6 +278,7 @@ def validate_revision(
     roots = fleet_spec.weights.allowed_roots
     errors += _check_source(spec.verifier, "spec.verifier", roots, fleet_spec)
     errors += _check_nccl_rollout(spec, fleet_spec)
+    errors += _check_push_lists(spec, fleet_spec)
     draft = fleet_spec.draft
     if spec.draft is not None:
         if draft.method == DraftMethod.NONE:
@@ -358,6 +360,50 @@ def _check_nccl_rollout(spec: WeightRevisionSpec, fleet_spec: RolloutFleetSpec) 
             f"{rollout.value} cannot run it; use AllAtOnce, or a path for a {rollout.value} update",
         )
     ]
+
+
+# A pushed revision's status lists every pod of its fleet (``status.push.sessions``, and with NCCL the group's
+# ``ranks``): unlike ``status.pods`` it cannot leave a pod out, since the trainer must reach every engine. The API
+# server stores an object whole and etcd refuses one over 1.5 MiB by default; the two lists may take this much of
+# it, the rest being the status's other fields (at most ``MAX_POD_ENTRIES`` pods listed), the spec and metadata.
+PUSH_LISTS_MAX_BYTES = 1_000_000
+_LONGEST_ADDRESS = common.host_port("ffff:" * 7 + "ffff", 65535)  # an IPv6 pod's, at its longest
+_LONGEST_EPOCH = 10**10 - 1  # one per set of sessions opened: ten digits are never reached
+
+
+def push_bytes_per_pod(fleet_name: str, fleet_spec: RolloutFleetSpec) -> int:
+    """The most one pod adds to a pushed revision's stored status (its compact JSON): its session, and with NCCL
+    its ranks, each written with the fleet's longest pod name, the longest address and epoch, and a comma."""
+    replicas = max(fleet_spec.replicas, 1)
+    pod = f"{fleet_name}-{replicas - 1}"
+    entries: list[common.WireModel] = [
+        revision.PushSessionStatus(pod=pod, address=_LONGEST_ADDRESS, target="verifier", epoch=_LONGEST_EPOCH)
+    ]
+    transfer = fleet_spec.weight_transfer
+    if transfer is not None and transfer.backend == fleet.TransferBackend.NCCL:
+        workers = fleet.engine_workers(fleet_spec)
+        entries.append(revision.PushGroupRank(pod=pod, rank_offset=1 + replicas * workers, world_size=workers))
+    return sum(len(json.dumps(e.to_wire(), separators=(",", ":"))) + 1 for e in entries)
+
+
+def _check_push_lists(spec: WeightRevisionSpec, fleet_spec: RolloutFleetSpec) -> list[FieldError]:
+    """A push to more pods than its handshake can list (``PUSH_LISTS_MAX_BYTES``) is refused before any pod
+    moves: accepted, it opened its sessions and then could never store them for the trainer to see."""
+    pushed = [name for name, source in (("verifier", spec.verifier), ("draft", spec.draft)) if source and source.push]
+    if not pushed or fleet_spec.weight_transfer is None:
+        return []
+    per_pod = push_bytes_per_pod(spec.fleet_ref.name, fleet_spec)
+    most = PUSH_LISTS_MAX_BYTES // per_pod
+    if fleet_spec.replicas <= most:
+        return []
+    ranks = " and its NCCL ranks" if fleet_spec.weight_transfer.backend == fleet.TransferBackend.NCCL else ""
+    message = (
+        f"the fleet has {fleet_spec.replicas} pods and a pushed revision lists each one's session{ranks} in its "
+        f"status (up to {per_pod} bytes a pod, {fleet_spec.replicas * per_pod / 1e6:.1f} MB here), more than the "
+        f"API server can store with the rest of the object (docs/push.md): push to a fleet of at most {most} pods, "
+        "or load this revision from a path"
+    )
+    return [FieldError(f"spec.{name}.push", message) for name in pushed]
 
 
 DIGEST_RE = re.compile(revision.DIGEST_PATTERN)

@@ -14,9 +14,9 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rolloutfleet.api import common, vllm_flags
+from rolloutfleet.api import common
 from rolloutfleet.api.engine import EngineState, GroupMembership, Target
-from rolloutfleet.api.fleet import RolloutFleetSpec, TransferBackend
+from rolloutfleet.api.fleet import RolloutFleetSpec, TransferBackend, engine_workers
 from rolloutfleet.api.revision import (
     PUSH_ERROR_ANNOTATION,
     RENDEZVOUS_ANNOTATION,
@@ -117,19 +117,6 @@ def rendezvous_for(value: object, epoch: int) -> str | None:
 def new_group_requested(rev: revisions.Revision | None) -> bool:
     """The trainer is not rank 0 of the group shown (a new trainer process): it asks for a new group."""
     return str(_annotations(rev).get(RENDEZVOUS_ANNOTATION) or "").startswith("new@")
-
-
-def engine_workers(spec: RolloutFleetSpec) -> int:
-    """Ranks one engine brings to a NCCL group: its tensor x pipeline parallel workers (vLLM's worker rank
-    is ``rank_offset + its rank``)."""
-    pipeline = 1
-    args = list(spec.extra_args)
-    for i, arg in enumerate(args):
-        if vllm_flags.flag_name(arg) != "--pipeline-parallel-size":
-            continue
-        value = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "1")
-        pipeline = int(value) if value.isdigit() else 1
-    return spec.tensor_parallel_size * max(1, pipeline)
 
 
 def transfer_group(

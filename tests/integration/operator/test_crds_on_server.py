@@ -222,3 +222,77 @@ def test_a_16000_pod_fleet_s_status_is_accepted(
     assert stored["podsCommon"]["pods"] == n - n // 4 and stored["podsCommon"]["revision"] == 7
     assert len(stored["pods"]) == 256 and stored["podsTruncated"] == n // 4 - 256
     assert stored["readyReplicas"] == n // 4
+
+
+def test_a_pushed_revision_s_handshake_at_its_limit_is_stored_and_past_it_would_not_be(
+    crds_installed: list[str], k8s_api: client.ApiClient, namespace: str
+) -> None:
+    """A pushed revision's status lists every pod (``push.sessions``, and with NCCL the group's ``ranks``), and
+    etcd refuses an object over 1.5 MiB. ``validation.push_bytes_per_pod`` bounds what a pod adds; a push to more
+    pods than ``PUSH_LISTS_MAX_BYTES`` holds is refused (``validation._check_push_lists``). Here that bound is held to
+    the real API server: the lists at the limit, every entry at its longest (the longest fleet name, IPv6
+    addresses), beside a status whose other per-pod lists are full, are stored; the same handshake of a
+    12,000-pod fleet with short names and IPv4 addresses is refused by etcd, as every write of it was before the
+    rule."""
+    from rolloutfleet.api import validation
+    from rolloutfleet.api.fleet import FLEET_NAME_MAX_LENGTH, RolloutFleetSpec
+
+    api = client.CustomObjectsApi(k8s_api)
+    rev = create(api, namespace, copy.deepcopy(WREV))
+    name = rev["metadata"]["name"]
+
+    def nccl_fleet(replicas: int) -> RolloutFleetSpec:
+        raw = {**FLEET["spec"], "replicas": replicas, "weightTransfer": {"backend": "nccl"}}
+        return RolloutFleetSpec.model_validate(raw)
+
+    def handshake(fleet_name: str, pods: int, address: Any) -> dict[str, Any]:
+        names = [f"{fleet_name}-{i}" for i in range(pods)]
+        return {
+            "protocol": 1,
+            "epoch": 10**10 - 1,
+            "sessions": [
+                {"pod": p, "address": address(i), "target": "verifier", "epoch": 10**10 - 1}
+                for i, p in enumerate(names)
+            ],
+            "group": {
+                "epoch": 1,
+                "worldSize": 1 + pods,
+                "formed": True,
+                "ranks": [{"pod": p, "rankOffset": 1 + i, "worldSize": 1} for i, p in enumerate(names)],
+            },
+        }
+
+    longest = "f" * FLEET_NAME_MAX_LENGTH
+    most = validation.PUSH_LISTS_MAX_BYTES // validation.push_bytes_per_pod(longest, nccl_fleet(100_000))
+    assert 3_000 < most < 4_000  # what docs/push.md says of the longest names
+    digest = "blake3:" + "e" * 64
+    rest = {
+        "phase": "Progressing",
+        "pods": [
+            {"name": f"{longest}-{i}", "step": "LoadDraft", "verifierDigest": digest, "draftDigest": digest}
+            | {"attempts": 3, "message": "m" * 256, "staging": "Fallback"}
+            for i in range(256)
+        ],
+        "failures": [
+            {"name": f"{longest}-{i}", "step": "LoadDraft", "reason": "ExtensionIo", "message": "m" * 256}
+            for i in range(256)
+        ],
+    }
+    full = handshake(longest, most, lambda i: "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535")
+    written = api.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "weightrevisions", name, {"status": {**rest, "push": full}}
+    )
+    assert len(written["status"]["push"]["sessions"]) == most
+    assert len(json.dumps(written, separators=(",", ":"))) > 1_000_000
+
+    typical = handshake("policy-7b", 12_000, lambda i: f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:8000")
+    with pytest.raises(client.ApiException) as refused:
+        api.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, "weightrevisions", name, {"status": {"phase": "Progressing", "push": typical}}
+        )
+    assert "request is too large" in str(refused.value.body), refused.value.body
+    spec = WREV["spec"] | {"verifier": {"push": {}, "digest": digest}}
+    from rolloutfleet.api.revision import WeightRevisionSpec
+
+    errors = validation.validate_revision(WeightRevisionSpec.model_validate(spec), nccl_fleet(12_000))
+    assert [e.path for e in errors] == ["spec.verifier.push"], errors

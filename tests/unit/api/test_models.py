@@ -492,6 +492,22 @@ def test_nccl_pushes_need_all_at_once() -> None:
     assert revision_errors(patched(BASE_REV, "strategy", {"rollout": "Rolling"}), nccl) == []  # a path update
 
 
+@pytest.mark.parametrize("backend", ["nccl", "ipc"])
+def test_a_push_to_more_pods_than_its_handshake_can_list_is_refused(backend: str) -> None:
+    # A pushed revision's status lists every pod (status.push.sessions, and with NCCL the group's ranks): unlike
+    # status.pods it cannot leave one out, the trainer must reach every engine. etcd stores an object of at most
+    # 1.5 MiB, and at 20,000 pods those lists are 2.4-6 MB. Accepted, such a revision took its pods out of service
+    # and opened their sessions, and then no write of its handshake could ever be stored: the trainer never saw a
+    # session. Refused instead, before any pod moves, by the same rule the trainer's publish runs.
+    large = patched(patched(BASE_FLEET, "weightTransfer", {"backend": backend}), "replicas", 20_000)
+    errors = revision_errors(patched(BASE_REV, "verifier", PUSHED), large)
+    assert any(e.startswith("spec.verifier.push: ") and "20000 pods" in e for e in errors), errors
+    errors = revision_errors(patched(BASE_REV, "draft", PUSHED), large)
+    assert any(e.startswith("spec.draft.push: ") for e in errors), errors
+    assert revision_errors(BASE_REV, large) == []  # from a path, a fleet of any size
+    assert revision_errors(patched(BASE_REV, "verifier", PUSHED), patched(large, "replicas", 1024)) == []
+
+
 def test_pushed_draft_for_a_fleet_without_a_draft_refused() -> None:
     fleet = patched(patched(PUSH_FLEET, "draft", {"method": "none"}), "draft.path", REMOVE)
     errors = revision_errors(patched(BASE_REV, "draft", PUSHED), fleet)

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from rolloutfleet.api import fleet as fleet_api
 from rolloutfleet.api import validation
 from rolloutfleet.api.engine import EngineState, GroupMembership, PushSession, Target
 from rolloutfleet.api.revision import WeightRevisionStatus
@@ -119,7 +120,7 @@ def test_group_ranks_follow_pod_order_and_each_engines_workers() -> None:
     # vLLM: worker rank = rank_offset + its rank within the engine (tensor x pipeline parallel); the
     # trainer is rank 0, so engine i starts after every worker of the engines before it.
     spec = _nccl_spec(tensorParallelSize=2, gpusPerPod=4, extraArgs=["--pipeline-parallel-size", "2"])
-    assert push.engine_workers(spec) == 4
+    assert fleet_api.engine_workers(spec) == 4
     group = push.transfer_group(spec, ["p-0", "p-1"], None, {})
     assert group is not None and group.epoch == 1 and group.world_size == 9
     assert [(r.pod, r.rank_offset, r.world_size) for r in group.ranks] == [("p-0", 1, 4), ("p-1", 5, 4)]

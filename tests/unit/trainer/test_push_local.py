@@ -340,6 +340,13 @@ def test_invalid_revisions_are_refused_before_hashing(api: FakeCustomObjects, co
         run_push("solo", verifier=tensors, draft=DRAFT)  # a fleet without a draft model
     assert reads == [] and api.creates == []
     api.objects[("rolloutfleets", NS, "pol")]["spec"]["weightTransfer"] = {"backend": "ipc"}
+    # More pods than the revision's status can list sessions for (docs/push.md): the operator would refuse it.
+    replicas = api.objects[("rolloutfleets", NS, "pol")]["spec"].get("replicas")
+    api.objects[("rolloutfleets", NS, "pol")]["spec"]["replicas"] = 20_000
+    with pytest.raises(InvalidRevision, match=r"spec.verifier.push: the fleet has 20000 pods"):
+        run_push(verifier=tensors)
+    assert reads == [] and api.creates == []
+    api.objects[("rolloutfleets", NS, "pol")]["spec"]["replicas"] = replicas
     with pytest.raises(InvalidTensors, match="draft tensors: tensor 'x' appears twice"):
         run_push(draft=[("x", "F32", (1,), b"\0" * 4)] * 2)
 
