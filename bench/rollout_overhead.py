@@ -1403,13 +1403,21 @@ def _wait_engines(core: Any, n: int, timeout: float) -> float:
 
             return sum(await asyncio.gather(*(one(ip) for ip in ips)))
 
+    said = started
+    pods, ips, answering = [], [], 0
     while time.monotonic() - started < timeout:
         pods = core.list_namespaced_pod(NAMESPACE, label_selector=f"rolloutfleet.io/fleet={FLEET}").items
         ips = [p.status.pod_ip for p in pods if p.status.phase == "Running" and p.status.pod_ip]
-        if len(ips) == n and asyncio.run(healthy(ips)) == n:
+        answering = asyncio.run(healthy(ips)) if len(ips) == n else 0
+        if answering == n:
             return time.monotonic() - started
+        if time.monotonic() - said >= 15:  # a large fleet takes minutes to come up: say how far it got
+            said = time.monotonic()
+            _log(f"n={n}: {len(pods)} pods, {len(ips)} Running, {answering} engines answering")
         time.sleep(1)
-    raise TimeoutError(f"{n} engines did not come up in {timeout:.0f}s")
+    raise TimeoutError(
+        f"{n} engines did not come up in {timeout:.0f}s ({len(pods)} pods, {len(ips)} Running, {answering} answering)"
+    )
 
 
 def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) -> dict[str, Any]:
