@@ -10,8 +10,8 @@ The embedding API for tests, the sandbox and the pod follower::
 
 Engines listen on loopback only (127.0.0.0/8: Linux accepts any address of it without configuration),
 so the local control plane's pod IPs (127.1.x.y) can be served directly; ``::1`` too, for a pod of an IPv6
-cluster. The admin server listens on
-127.0.0.1 (``admin_port``) and needs the same bearer token as the engines' control routes:
+cluster. The admin server listens on 127.0.0.1 (``admin_port``) and needs the same bearer token as the
+engines' control routes:
 
     GET    /admin/engines                         [{key, url, running, spec}]
     POST   /admin/engines                         {"ip", "port"?, "spec"?, "faults"?} → add one engine
