@@ -557,3 +557,40 @@ async def test_a_pass_waiting_on_the_trainer_takes_its_marks_without_reading_the
         await h.settle()
         assert h.revision_status("step-1")["phase"] == "Succeeded"
         assert all(h.served(p) == (1, 1, False) for p in h.pods)
+
+
+async def test_a_push_whose_fleet_grew_past_the_handshake_limit_is_refused_and_its_pods_return(
+    tmp_path: pathlib.Path,
+) -> None:
+    """docs/push.md: a fleet scaled past what a pushed revision's status can list while the push is under way
+    has that revision refused at the next pass (``validation._check_push_lists``), as for any revision its fleet
+    no longer admits. Its pods had opened sessions: each is abandoned and, since a session ended with nothing
+    received leaves its target destroyed, the pod is restarted rather than resumed on it (as when a trainer
+    never sends); recreated, each serves the revision the fleet served, verified, behind an open gate."""
+    async with harness(tmp_path, replicas=3, mode="inflight", fleet_extra=PUSH_FLEET) as h:
+        h.apply_revision("step-1", 1)  # a path revision first: what the pods return to
+        await h.settle()
+        pushed_revision(h, "step-2", 2)
+        await h.run_pass()  # opens the verifier sessions, then waits for the trainer
+        assert len(Trainer(h, "step-2", 2).sessions("verifier")) == 3
+        assert all(h.served(p).paused for p in h.pods)
+        fleet = h.fleet_manifest()
+        fleet["spec"]["replicas"] = 20_000  # the StatefulSet's new pods would come later: these three stay
+        h.kube.apply_user(fleet)
+        await h.settle(max_passes=5, require_idle=False)
+        status = h.revision_status("step-2")
+        assert (status["phase"], status.get("reason")) == ("Failed", "ValidationFailed"), status
+        assert "spec.verifier.push: the fleet has 20000 pods" in status["message"], status["message"]
+        for pod in list(h.pods):
+            assert h.kube.peek("v1", "Pod", h.namespace, pod) is None, pod  # restarted, never resumed
+            names = [call_name(e) for e in ok_calls(h.engine_log(pod))]
+            assert "resume" not in names[names.index("rolloutfleet_push_begin:verifier") :], pod
+            await recreate(h, pod)
+        # Not idle while 19,997 of the fleet's pods are still to come (no StatefulSet controller here): a few passes.
+        await h.settle(max_passes=10, require_idle=False)
+        for pod in h.pods:
+            assert h.served(pod) == (1, 1, False), pod
+            body = h.kube.peek("v1", "Pod", h.namespace, pod)
+            assert body is not None
+            gates = {c["type"]: c["status"] for c in body["status"]["conditions"]}
+            assert gates.get("rolloutfleet.io/weights-ready") == "True", (pod, gates)
