@@ -236,6 +236,7 @@ def test_a_pushed_revision_s_handshake_at_its_limit_is_stored_and_past_it_would_
     rule."""
     from rolloutfleet.api import validation
     from rolloutfleet.api.fleet import FLEET_NAME_MAX_LENGTH, RolloutFleetSpec
+    from rolloutfleet.api.revision import WeightRevisionSpec
 
     api = client.CustomObjectsApi(k8s_api)
     rev = create(api, namespace, copy.deepcopy(WREV))
@@ -292,7 +293,5 @@ def test_a_pushed_revision_s_handshake_at_its_limit_is_stored_and_past_it_would_
         )
     assert "request is too large" in str(refused.value.body), refused.value.body
     spec = WREV["spec"] | {"verifier": {"push": {}, "digest": digest}}
-    from rolloutfleet.api.revision import WeightRevisionSpec
-
     errors = validation.validate_revision(WeightRevisionSpec.model_validate(spec), nccl_fleet(12_000))
     assert [e.path for e in errors] == ["spec.verifier.push"], errors
