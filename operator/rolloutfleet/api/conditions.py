@@ -49,6 +49,13 @@ def set_condition(
     return sorted(out, key=lambda c: c.type)
 
 
+def remove_condition(conditions: list[Condition], type_: str) -> list[Condition]:
+    """The list without a condition of that type (the same list when it has none, so nothing is rewritten)."""
+    if find(conditions, type_) is None:
+        return conditions
+    return [c for c in conditions if c.type != type_]
+
+
 def is_true(conditions: list[Condition], type_: str) -> bool:
     """Whether the condition exists and is True."""
     cond = find(conditions, type_)

@@ -445,12 +445,15 @@ class WeightTransfer(WireModel):
     nccl: NcclTransfer | None = Field(default=None, description="NCCL options (backend nccl only).")
 
 
+MAX_REPLICAS = 100_000  # spec.replicas' bound (the schema's maximum)
+
+
 class RolloutFleetSpec(WireModel):
     """Desired state of a fleet."""
 
     model_config = ConfigDict(**WireModel.model_config, json_schema_extra={"x-kubernetes-validations": SPEC_RULES})
 
-    replicas: int = Field(default=1, ge=0, le=100000, description="Number of engine pods.")
+    replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS, description="Number of engine pods.")
     image: str = Field(
         min_length=1, max_length=1024, description="vLLM image carrying the rolloutfleet worker extension."
     )
@@ -596,7 +599,8 @@ class RolloutFleetStatus(WireModel):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Available, Progressing, Degraded.",
+        description="Available, Progressing, Degraded; PushWithinLimit on a fleet with weightTransfer (whether a "
+        "pushed revision can list every pod).",
         json_schema_extra=common.CONDITIONS_LIST_EXTRA,
     )
 

@@ -17,7 +17,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from rolloutfleet.api import conditions
+from rolloutfleet.api import conditions, validation
 from rolloutfleet.api.common import MAX_POD_ENTRIES, Condition
 from rolloutfleet.api.fleet import CommonPodState, PodState, RolloutFleetSpec, RolloutFleetStatus
 from rolloutfleet.planning import pod_readiness, pod_view
@@ -37,6 +37,8 @@ class EngineSummary:
 
 
 AVAILABLE, PROGRESSING, DEGRADED = "Available", "Progressing", "Degraded"
+# Set only on a fleet with ``weightTransfer``: whether a pushed revision can list every pod (docs/push.md).
+PUSH_WITHIN_LIMIT = "PushWithinLimit"
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -229,6 +231,7 @@ def observed(
         )
     else:
         conds = conditions.set_condition(conds, DEGRADED, False, "AsExpected", "", observed_generation=generation)
+    conds = _push_limit(conds, spec, fleet_name, generation)
     return old.model_copy(
         update={
             "observed_generation": generation,
@@ -241,6 +244,23 @@ def observed(
             "pods_truncated": truncated,
             "conditions": conds,
         }
+    )
+
+
+def _push_limit(conds: list[Condition], spec: RolloutFleetSpec, fleet_name: str, generation: int) -> list[Condition]:
+    """``PushWithinLimit`` on a fleet the trainer may push to. A fleet past the limit still serves and loads
+    revisions from paths, so it is not Degraded; but every pushed revision would be refused, and the condition
+    (with a Warning event when it turns False) says so when the fleet is scaled, not when a trainer first pushes."""
+    if spec.weight_transfer is None:
+        return conditions.remove_condition(conds, PUSH_WITHIN_LIMIT)
+    most, problem = validation.push_limit_problem(fleet_name, spec)
+    if problem is not None:
+        return conditions.set_condition(
+            conds, PUSH_WITHIN_LIMIT, False, "TooManyPodsToPush", problem, observed_generation=generation
+        )
+    message = f"{spec.replicas} pods; a pushed revision can list up to {most}"
+    return conditions.set_condition(
+        conds, PUSH_WITHIN_LIMIT, True, "WithinPushLimit", message, observed_generation=generation
     )
 
 

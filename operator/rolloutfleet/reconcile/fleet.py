@@ -257,7 +257,7 @@ async def _events_for_flips(
 ) -> None:
     for cond in fleet_status.flipped_conditions(old, new):
         warning = (cond.type == "Degraded" and cond.status == common.ConditionStatus.TRUE) or (
-            cond.type == "Available" and cond.status == common.ConditionStatus.FALSE
+            cond.type in ("Available", fleet_status.PUSH_WITHIN_LIMIT) and cond.status == common.ConditionStatus.FALSE
         )
         await ctx.kube.event(
             body, "Warning" if warning else "Normal", cond.reason, f"{cond.type}={cond.status.value}: {cond.message}"
