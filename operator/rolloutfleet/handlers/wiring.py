@@ -65,10 +65,12 @@ async def configure(
     kube.on_request = lambda verb: metrics.kube_request_counts(verb).inc()
     kube.on_connect = metrics.kube_connections.inc
     kube.on_throttle = metrics.kube_throttled.inc
+    full_collections = gc_tuning.FullCollections(enabled=gc_tuning.tuned(os.environ))
     memo.ctx = OperatorContext(
         kube=kube,
         metrics=metrics,
         operator_namespace=os.environ.get("ROLLOUTFLEET_OPERATOR_NAMESPACE") or None,
+        on_pass=lambda running: full_collections.enter() if running else full_collections.leave(),
     )
     # Last: a startup that fails above (the metrics port taken, no credentials) is retried by kopf, and a
     # collector clock or a lag watch started before the failure would run on, never removed, beside the retry's.

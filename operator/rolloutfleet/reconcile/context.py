@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 
 from rolloutfleet.adapters.engine import EnginePool
 from rolloutfleet.adapters.kube import Kube
@@ -161,6 +162,8 @@ class OperatorContext:
     metrics: Metrics
     operator_namespace: str | None = None
     fleets: dict[tuple[str, str], FleetMemory] = dataclasses.field(default_factory=dict)
+    # Told when each revision pass starts (True) and ends (False): ``handlers.gc_tuning.FullCollections``.
+    on_pass: Callable[[bool], None] | None = None
 
     def memory(self, namespace: str, name: str) -> FleetMemory:
         """The bookkeeping of one fleet (created on first use)."""

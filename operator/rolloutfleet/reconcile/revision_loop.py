@@ -56,6 +56,8 @@ async def run(
 
     while not stop.stopping():
         memory.clear_kick()
+        if ctx.on_pass is not None:
+            ctx.on_pass(True)
         task = asyncio.create_task(revision.reconcile_revisions(ctx, namespace, name, memory, interrupted))
         stopped = asyncio.create_task(stop.wait())
         try:
@@ -75,6 +77,8 @@ async def run(
             outcome = revision.PassOutcome()
         finally:
             stopped.cancel()
+            if ctx.on_pass is not None:
+                ctx.on_pass(False)
         if outcome.again or stop.stopping():
             continue
         kicked = asyncio.create_task(memory.kick.wait())

@@ -563,3 +563,42 @@ async def test_a_pass_logs_when_it_reached_each_phase(tmp_path: pathlib.Path, ca
     assert times == sorted(times), line
     # The pass's start on the machine's clock, which the benchmark's /proc readings share (``--cpu-timeline``).
     assert 0 < time.monotonic() - float(started) < 60, line
+
+
+async def test_full_collections_are_put_off_while_a_pass_rolls_a_revision(tmp_path: pathlib.Path) -> None:
+    """The loop tells the process's ``FullCollections`` when each pass starts and ends (``ctx.on_pass``): while a
+    revision's load runs no full pass of the collector may start (at 8,192-16,384 pods they stalled the event
+    loop for seconds mid-revision), and when the loop returns every pass it announced has ended, so the
+    thresholds are back as they were."""
+    import gc
+
+    from rolloutfleet.handlers import gc_tuning
+
+    threshold = gc.get_threshold()
+    collections = gc_tuning.FullCollections()
+    seen: list[bool] = []
+
+    def on_pass(running: bool) -> None:
+        seen.append(running)
+        collections.enter() if running else collections.leave()
+
+    try:
+        async with harness(tmp_path, replicas=2) as h:
+            h.ctx.on_pass = on_pass
+            pod = h.pods[0]
+            gate = h.hold_loads(pod)
+            h.mark_arrivals("rolloutfleet_load")
+            stop = Stop()
+            loop = asyncio.create_task(revision_loop.run(h.ctx, h.namespace, h.fleet, h.memory, stop, log))
+            h.apply_revision("step-1", 1)
+            h.memory.kick.set()
+            await h.wait_for([pod], lambda entries: started_loads(entries) >= 1)
+            assert collections.deferring and gc.get_threshold()[2] > threshold[2]
+            gate.set()
+            await h.until(lambda: h.revision_status("step-1").get("phase") == "Succeeded", "Succeeded", give_up=20)
+            stop.event.set()
+            await asyncio.wait_for(loop, timeout=10)
+        assert seen.count(True) == seen.count(False) >= 1, seen
+        assert not collections.deferring and gc.get_threshold() == threshold
+    finally:
+        gc.set_threshold(*threshold)
