@@ -24,6 +24,9 @@ from rolloutfleet.sim import EngineSpec, FaultKind, FaultRule, SimulatedEngine, 
 TOKEN = "executor-token"
 V2, D2 = "/synthetic/v/2", "/synthetic/d/2"
 # Whole seconds in a spec (the CRD validates them); sub-second ones here keep the tests fast.
+# The tests' own calls that put an engine where a step starts from: not what is tested, so not under the pool's
+# short timeouts (a pause while a request runs took over 0.25 s once, under a full `make test` on 2 cores).
+SETUP = 5.0
 FAST = StepTimeouts.model_construct(pause_seconds=5, sleep_seconds=5, wake_seconds=5, load_seconds=5, verify_seconds=5)
 
 
@@ -94,10 +97,10 @@ async def test_resume_resets_the_prefix_cache_before_the_engine_serves_again(
     come before the resume: once resumed, the engine serves from whatever the cache holds."""
     async with aiohttp.ClientSession() as session:
         request = await hold_a_running_request(sim, session)
-        await client.pause("keep", clear_cache=False)
+        await client.pause("keep", clear_cache=False, deadline=SETUP)
         if sleep_mode:
-            await client.sleep(2, mode="keep")
-            await client.wake_up(["weights"])
+            await client.sleep(2, mode="keep", deadline=SETUP)
+            await client.wake_up(["weights"], deadline=SETUP)
         await executor.execute(client, Step.RESUME, goal(sleep_mode=sleep_mode), FAST)
         body = await finish_quickly(sim, request)
     order = steps(sim, "reset_prefix_cache", "resume")
@@ -125,10 +128,10 @@ async def test_a_pod_whose_reset_failed_stays_paused_and_the_step_fails(
     """A failed reset must fail the RESUME step while the engine is still paused, so the planner derives
     RESUME again and retries it; resuming first would leave a serving pod that the planner calls Done with a
     cache of the old weights (a revision ended Succeeded with the cache never reset)."""
-    await client.pause("keep", clear_cache=False)
+    await client.pause("keep", clear_cache=False, deadline=SETUP)
     if sleep_mode:
-        await client.sleep(2, mode="keep")
-        await client.wake_up(["weights"])
+        await client.sleep(2, mode="keep", deadline=SETUP)
+        await client.wake_up(["weights"], deadline=SETUP)
     sim.add_fault(refusal)
     with pytest.raises(executor.StepError) as err:
         await executor.execute(client, Step.RESUME, goal(sleep_mode=sleep_mode), FAST)
@@ -142,7 +145,7 @@ async def test_a_pod_whose_reset_failed_stays_paused_and_the_step_fails(
 
 async def test_without_prefix_caching_resume_sends_no_reset(client: EngineClient, sim: SimulatedEngine) -> None:
     """``reset_prefix_cache=False`` in the goal means the fleet runs without prefix caching: nothing to reset."""
-    await client.pause("keep", clear_cache=False)
+    await client.pause("keep", clear_cache=False, deadline=SETUP)
     await executor.execute(client, Step.RESUME, goal(sleep_mode=False, reset=False), FAST)
     assert [e["step"] for e in steps(sim, "reset_prefix_cache", "resume")] == ["resume"]
 
@@ -161,7 +164,7 @@ async def test_a_load_waits_the_fleets_load_deadline_not_the_pools_default(
     """The fleet says a load may take ``loadSeconds``; a shorter HTTP timeout in the client (the pool's
     default) would fail a load the spec allows, and retry it while the first is still running."""
     await slow_loads(sim, 0.6)  # longer than the pool's 0.25 s, well inside the fleet's 5 s
-    await client.pause("keep", clear_cache=False)
+    await client.pause("keep", clear_cache=False, deadline=SETUP)
     _, load = await executor.execute(client, Step.LOAD_VERIFIER, goal(sleep_mode=False), FAST)
     assert load is not None and load.revision == 2
 
@@ -171,7 +174,7 @@ async def test_the_rpc_carries_vllms_own_timeout_just_below_the_http_deadline(
 ) -> None:
     """vLLM's ``collective_rpc`` takes a ``timeout``: sent a little below the HTTP deadline, the engine gives
     up (and answers) before the client does, so the client sees the engine's verdict, not a lost answer."""
-    await client.pause("keep", clear_cache=False)
+    await client.pause("keep", clear_cache=False, deadline=SETUP)
     await executor.execute(client, Step.LOAD_VERIFIER, goal(sleep_mode=False), FAST)
     (load,) = steps(sim, "rolloutfleet_load")
     assert 0 < load["args"]["timeout"] < FAST.load_seconds
@@ -185,7 +188,7 @@ async def test_a_load_that_outlives_its_deadline_fails_with_a_timeout(
         pause_seconds=5, sleep_seconds=5, wake_seconds=5, load_seconds=0.3, verify_seconds=5
     )
     sim.core.load_gate = asyncio.Event()  # the load runs until the test lets it finish
-    await client.pause("keep", clear_cache=False)
+    await client.pause("keep", clear_cache=False, deadline=SETUP)
     with pytest.raises(executor.StepError) as err:
         await executor.execute(client, Step.LOAD_VERIFIER, goal(sleep_mode=False), timeouts)
     assert err.value.reason == "StepTimeout"
@@ -240,7 +243,7 @@ async def test_an_rpc_timeout_answered_by_vllm_still_leaves_the_load_unknown(
         pause_seconds=5, sleep_seconds=5, wake_seconds=5, load_seconds=0.4, verify_seconds=5
     )
     client = pool.client(sim.url)
-    await client.pause("keep", clear_cache=False)
+    await client.pause("keep", clear_cache=False, deadline=SETUP)
     sim.core.load_gate = asyncio.Event()
     with pytest.raises(executor.StepError) as err:
         await executor.execute(client, Step.LOAD_VERIFIER, goal(sleep_mode=False), timeouts)
@@ -272,9 +275,9 @@ async def test_a_refused_load_to_an_engine_never_reached_is_not_unknown(pool: En
 )
 async def test_every_step_waits_its_spec_deadline(client: EngineClient, sim: SimulatedEngine, step: Step) -> None:
     """Each step's calls last as long as the fleet allows (here 5 s), not the pool's 0.25 s default."""
-    await client.pause("keep", clear_cache=False)
+    await client.pause("keep", clear_cache=False, deadline=SETUP)
     if step == Step.WAKE_WEIGHTS:
-        await client.sleep(2, mode="keep")
+        await client.sleep(2, mode="keep", deadline=SETUP)
     keys = {
         Step.PAUSE: "pause",
         Step.SLEEP: "sleep",
@@ -317,7 +320,7 @@ async def paused_at_goal(client: EngineClient) -> Any:
     """The engine holding revision 2 (both targets), paused: what the planner resumes."""
     await client.load("verifier", V2, 2)
     await client.load("draft", D2, 2)
-    await client.pause("keep", clear_cache=False)
+    await client.pause("keep", clear_cache=False, deadline=SETUP)
     return await client.observe()
 
 
@@ -381,7 +384,7 @@ async def test_an_image_without_sequences_resumes_call_by_call_after_its_read(
     async def not_ready() -> bool:
         return False
 
-    await client.pause("keep", clear_cache=False)
+    await client.pause("keep", clear_cache=False, deadline=SETUP)
     sim.log.entries.clear()
     with pytest.raises(executor.Held):
         ctx = executor.SessionContext(known=known, ready=not_ready)
