@@ -48,16 +48,24 @@ def started_loads(entries: list[dict[str, object]]) -> int:
     return sum(1 for e in entries if e.get("step") == "rolloutfleet_load" and "fault" in e)
 
 
+async def _loop_mid_load(h: Harness) -> tuple[asyncio.Task[None], asyncio.Event, Stop]:
+    """The loop started, revision step-1 applied, and its load on the first pod held once it began: (the loop,
+    the gate that releases the load, the loop's stop signal)."""
+    pod = h.pods[0]
+    gate = h.hold_loads(pod)
+    h.mark_arrivals("rolloutfleet_load")
+    stop = Stop()
+    loop = asyncio.create_task(revision_loop.run(h.ctx, h.namespace, h.fleet, h.memory, stop, log))
+    h.apply_revision("step-1", 1)
+    h.memory.kick.set()
+    await h.wait_for([pod], lambda entries: started_loads(entries) >= 1)
+    return loop, gate, stop
+
+
 async def _stop_mid_load(tmp_path: pathlib.Path, *, deleted: bool) -> tuple[bool, list[str]]:
     async with harness(tmp_path, replicas=2) as h:
         pod = h.pods[0]
-        gate = h.hold_loads(pod)
-        h.mark_arrivals("rolloutfleet_load")
-        stop = Stop()
-        loop = asyncio.create_task(revision_loop.run(h.ctx, h.namespace, h.fleet, h.memory, stop, log))
-        h.apply_revision("step-1", 1)
-        h.memory.kick.set()
-        await h.wait_for([pod], lambda entries: started_loads(entries) >= 1)
+        loop, gate, stop = await _loop_mid_load(h)
         stop.fleet_deleted = deleted
         stop.event.set()
         if deleted:  # it must return while the load is still held (bounded only so a hang fails)
@@ -585,14 +593,7 @@ async def test_full_collections_are_put_off_while_a_pass_rolls_a_revision(tmp_pa
     try:
         async with harness(tmp_path, replicas=2) as h:
             h.ctx.on_pass = on_pass
-            pod = h.pods[0]
-            gate = h.hold_loads(pod)
-            h.mark_arrivals("rolloutfleet_load")
-            stop = Stop()
-            loop = asyncio.create_task(revision_loop.run(h.ctx, h.namespace, h.fleet, h.memory, stop, log))
-            h.apply_revision("step-1", 1)
-            h.memory.kick.set()
-            await h.wait_for([pod], lambda entries: started_loads(entries) >= 1)
+            loop, gate, stop = await _loop_mid_load(h)
             assert collections.deferring and gc.get_threshold()[2] > threshold[2]
             gate.set()
             await h.until(lambda: h.revision_status("step-1").get("phase") == "Succeeded", "Succeeded", give_up=20)
