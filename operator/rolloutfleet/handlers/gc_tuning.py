@@ -95,7 +95,7 @@ class FullCollections:
         self.collect = collect
         self.running = 0  # passes running now
         self.deferred_since: float | None = None
-        self.deferrals = 0  # deferrals started (each pass at rest starts one; see ``due``)
+        self.deferrals = 0  # deferrals started: one per stretch of passes, and one after each of ``due``'s passes
         self.collected = 0  # full passes run because a deferral reached ``max_seconds``
         self._saved: tuple[int, int, int] | None = None  # the thresholds a deferral restores
         self._expiry: asyncio.TimerHandle | None = None

@@ -2,7 +2,8 @@
 
 Called by the fleet daemon in ``handlers.wiring`` (which adapts kopf's stop flag to ``StopSignal``) and by
 the unit tests. Owns when passes run (at once when one asks, on a kick from a WeightRevision change, or
-after an idle period) and how the loop stops:
+after an idle period; ``ctx.on_pass`` hears when each starts and ends, so that the process's collector puts its
+full passes off meanwhile) and how the loop stops:
 
 - the operator is stopping (SIGTERM, an upgrade): the running pass starts no new engine step, lets the
   running ones finish, and the loop returns. A step is never abandoned half way by the operator's own
