@@ -8,6 +8,7 @@ means valid. Nothing here touches the cluster or the engines.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import posixpath
 import re
@@ -374,15 +375,27 @@ _LONGEST_EPOCH = 10**10 - 1  # one per set of sessions opened: ten digits are ne
 def push_bytes_per_pod(fleet_name: str, fleet_spec: RolloutFleetSpec) -> int:
     """The most one pod adds to a pushed revision's stored status (its compact JSON): its session, and with NCCL
     its ranks, each written with the fleet's longest pod name, the longest address and epoch, and a comma."""
-    replicas = max(fleet_spec.replicas, 1)
+    return _bytes_per_pod(fleet_name, fleet_spec.replicas, _nccl_workers(fleet_spec))
+
+
+def _nccl_workers(fleet_spec: RolloutFleetSpec) -> int | None:
+    """The ranks one engine brings to a NCCL group (``None``: the fleet is not pushed to over NCCL)."""
+    transfer = fleet_spec.weight_transfer
+    if transfer is None or transfer.backend != fleet.TransferBackend.NCCL:
+        return None
+    return fleet.engine_workers(fleet_spec)
+
+
+def _bytes_per_pod(fleet_name: str, replicas: int, nccl_workers: int | None) -> int:
+    replicas = max(replicas, 1)
     pod = f"{fleet_name}-{replicas - 1}"
     entries: list[common.WireModel] = [
         revision.PushSessionStatus(pod=pod, address=_LONGEST_ADDRESS, target="verifier", epoch=_LONGEST_EPOCH)
     ]
-    transfer = fleet_spec.weight_transfer
-    if transfer is not None and transfer.backend == fleet.TransferBackend.NCCL:
-        workers = fleet.engine_workers(fleet_spec)
-        entries.append(revision.PushGroupRank(pod=pod, rank_offset=1 + replicas * workers, world_size=workers))
+    if nccl_workers is not None:
+        entries.append(
+            revision.PushGroupRank(pod=pod, rank_offset=1 + replicas * nccl_workers, world_size=nccl_workers)
+        )
     return sum(len(json.dumps(e.to_wire(), separators=(",", ":"))) + 1 for e in entries)
 
 
@@ -394,13 +407,16 @@ def push_limit(fleet_name: str, fleet_spec: RolloutFleetSpec) -> int:
     today's size adds: that said 8,474 pods for a three-pod fleet named ``policy`` whose 8,475th pod name is three
     characters longer, and 8,264 (the true limit) once scaled past it.
     """
+    return _limit(fleet_name, _nccl_workers(fleet_spec))
+
+
+# Kept by what the limit depends on: the fleet's status asks at every write (every 1-2 s during a pass).
+@functools.lru_cache(maxsize=256)
+def _limit(fleet_name: str, nccl_workers: int | None) -> int:
     lo, hi = 0, fleet.MAX_REPLICAS
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if (
-            mid * push_bytes_per_pod(fleet_name, fleet_spec.model_copy(update={"replicas": mid}))
-            <= PUSH_LISTS_MAX_BYTES
-        ):
+        if mid * _bytes_per_pod(fleet_name, mid, nccl_workers) <= PUSH_LISTS_MAX_BYTES:
             lo = mid
         else:
             hi = mid - 1
