@@ -185,17 +185,25 @@ def test_passes_that_run_on_get_one_full_pass_per_limit() -> None:
 async def test_a_pass_that_never_ends_gets_its_full_pass_from_the_loop_s_timer() -> None:
     threshold = gc.get_threshold()
     collected: list[int] = []
-    passes = gc_tuning.FullCollections(max_seconds=0.05, collect=lambda: collected.append(1))
+    second = asyncio.Event()
+
+    def collect() -> None:
+        collected.append(1)
+        if len(collected) >= 2:
+            second.set()
+
+    passes = gc_tuning.FullCollections(max_seconds=0.05, collect=collect)
     try:
         passes.enter()
         assert passes.deferring
-        await asyncio.sleep(0.2)  # nothing calls enter() or leave(): the loop's timer runs the full passes
-        assert len(collected) >= 2 and passes.deferring
+        # Nothing calls enter() or leave(): only the loop's timer can run the full passes, again and again.
+        await asyncio.wait_for(second.wait(), timeout=10)
+        assert passes.deferring
         passes.leave()
         assert not passes.deferring and gc.get_threshold() == threshold
         after = len(collected)
-        await asyncio.sleep(0.2)
-        assert len(collected) == after  # and no timer is left behind
+        await asyncio.sleep(0.2)  # four limits' worth of time: a timer left behind would have fired
+        assert len(collected) == after
     finally:
         gc.set_threshold(*threshold)
 
