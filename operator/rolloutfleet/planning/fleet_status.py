@@ -141,16 +141,25 @@ def observed(
     shared = old.pods_common
     memo = memo if memo is not None else PodFactsMemo()
     every = [memo.facts(p) for p in pods]
-    memo.keep_only({f.name for f in every})
+    if len(memo) != len(every):  # (every name listed now is in the memo: as many entries, none is a pod gone)
+        memo.keep_only({f.name for f in every})
     live = [f for f in every if not f.deleting]
-    live.sort(key=lambda f: f.ordinal)
+    live.sort(key=_BY_ORDINAL)
     sts_status = (sts or {}).get("status") or {}
     update_revision = sts_status.get("updateRevision")
     engines = engines or {}
     entries = []
+    ready = updated = 0
+    failing: list[str] = []
     # One entry per pod, built once: this runs for every fleet status write, at 1,024 pods every two seconds
-    # during a pass and at each resync (a second model per pod for what it carried over was a third of it).
+    # during a pass and at each resync (a second model per pod for what it carried over was a third of it). The
+    # counts are made in the same walk: in place, each walk over a large fleet costs more than its few
+    # operations say (bench/results/rollout_overhead.md, "What the status builds cost in place").
     for facts in live:
+        if update_revision and facts.template_hash == update_revision:
+            updated += 1
+        if facts.failing:
+            failing.append(facts.failing)
         seen = engines.get(facts.name)
         before = previous.get(facts.name)
         # The same pod object, the same engine summary, and (without one) the same previous entry: the entry
@@ -158,6 +167,7 @@ def observed(
         last = facts.entry
         if last is not None and (facts.seen is seen or facts.seen == seen) and (seen is not None or before is last):
             entries.append(last)
+            ready += last.ready
             continue
         carried: EngineSummary | PodState | CommonPodState | None = seen if seen is not None else before
         if carried is None and shared is not None and shared.ready and facts.ready:
@@ -179,10 +189,8 @@ def observed(
         entry = before if before is not None and before.__dict__ == values else PodState(**values)
         facts.seen, facts.entry = seen, entry
         entries.append(entry)
+        ready += entry.ready
     listed, common, truncated = listing(entries)
-    ready = sum(1 for e in entries if e.ready)
-    updated = sum(1 for f in live if update_revision and f.template_hash == update_revision)
-    failing = [f.failing for f in live if f.failing]
     conds = list(old.conditions)
     if spec.replicas == 0:
         conds = conditions.set_condition(
@@ -276,7 +284,7 @@ def listing(entries: list[PodState]) -> tuple[list[PodState], CommonPodState | N
     """
     if len(entries) <= MAX_POD_ENTRIES:
         return entries, None, None
-    states = [_shared_state(e) for e in entries]
+    states = list(map(_shared_state, entries))
     state, count = collections.Counter(states).most_common(1)[0]
     others = [e for e, s in zip(entries, states, strict=True) if s != state]
     others.sort(key=lambda e: e.ready)  # (stable: ordinal order within each)
@@ -287,6 +295,9 @@ def listing(entries: list[PodState]) -> tuple[list[PodState], CommonPodState | N
 # What the pods left out of a large fleet's list share: every field of a pod's entry but its name and IP.
 _SHARED_FIELDS = ("phase", "ready", "revision", "draft_revision", "step", "weight_version")
 _shared_state: Callable[[PodState], tuple[Any, ...]] = operator.attrgetter(*_SHARED_FIELDS)
+
+
+_BY_ORDINAL: Callable[[PodFacts], tuple[int, str]] = operator.attrgetter("ordinal")
 
 
 def _progress_reason(live: int, desired: int, updated: int) -> str:

@@ -7,6 +7,7 @@ move only on flips, so rebuilding from the same observations writes nothing.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Mapping
 
@@ -85,9 +86,13 @@ def progressing(
     pods = []
     listed = order
     if len(order) > MAX_POD_ENTRIES:
-        listed = [n for n in order if messages.get(n) or decisions.get(n) is None or decisions[n].step != Step.DONE][
-            :MAX_POD_ENTRIES
-        ]
+        # (The walk stops at the last entry listed: most of a large fleet once the revision is under way.)
+        listed = list(
+            itertools.islice(
+                (n for n in order if messages.get(n) or decisions.get(n) is None or decisions[n].step != Step.DONE),
+                MAX_POD_ENTRIES,
+            )
+        )
     for name in listed:
         state = states.get(name)
         decision = decisions.get(name)
@@ -102,8 +107,14 @@ def progressing(
                 staging=(staging or {}).get(name),
             )
         )
-    updated = 0 if rolling_back else sum(1 for d in decisions.values() if d.step == Step.DONE)
-    verified_pods = sum(1 for d in decisions.values() if d.step in (Step.DONE, Step.RESUME))
+    done = verified_pods = 0
+    for decision in decisions.values():  # (one walk over the fleet's decisions for both counts)
+        if decision.step is Step.DONE:
+            done += 1
+            verified_pods += 1
+        elif decision.step is Step.RESUME:
+            verified_pods += 1
+    updated = 0 if rolling_back else done
     conds = list(old.conditions)
     conds = conditions.set_condition(
         conds,

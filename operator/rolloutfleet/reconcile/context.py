@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from rolloutfleet.adapters.engine import EnginePool
 from rolloutfleet.adapters.kube import Kube
@@ -73,8 +74,11 @@ class FleetMemory:
     status_observed_at: float = float("-inf")
     status_memo: StatusMemo | None = None
     status_facts: PodFactsMemo = dataclasses.field(default_factory=PodFactsMemo)  # each pod read once per change
-    # Each pod's engine summary for the status, with the observation and step it was made from (``reconcile.fleet``).
-    summaries: dict[str, tuple[EngineState, str | None, EngineSummary]] = dataclasses.field(default_factory=dict)
+    # Each pod's engine summary for the status, with the observation, step, pod object and the incarnation the
+    # observation was read through that it was made from (``reconcile.fleet``).
+    summaries: dict[str, tuple[EngineState, str | None, dict[str, Any], str | None, EngineSummary]] = dataclasses.field(
+        default_factory=dict
+    )
     probe_passed: dict[str, bool] = dataclasses.field(default_factory=dict)
     preflight_passed: dict[str, bool] = dataclasses.field(default_factory=dict)
     revision_labels: set[str] = dataclasses.field(default_factory=set)  # pods_at_revision label values set

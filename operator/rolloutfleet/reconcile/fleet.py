@@ -175,24 +175,35 @@ def _engines(
     if memory is None:
         return {}
     summaries: dict[str, fleet_status.EngineSummary] = {}
-    # Each summary is kept with the observation and step it was made from (observations are immutable, replaced
-    # on change): making every pod's again took 1.9-2.7 ms of each of a pass's status writes at 1,024 pods, more
-    # than building the status from the pods' facts (0.7-0.8 ms kept; issue 18).
+    # Each summary is kept with what it was made from: the observation and step (observations are immutable,
+    # replaced on change), the pod object (the watch replaces it on every change) and the incarnation the
+    # observation was read through. Making every pod's again took 1.9-2.7 ms of each of a pass's status writes at
+    # 1,024 pods, more than building the status from the pods' facts (0.7-0.8 ms kept; issue 18). A pod whose four
+    # are its summary's is not read at all (its facts and incarnation were asked at every write before: in place,
+    # during a long-tail Rolling revision at 1,024 pods, this walk took 3.6-4.2 ms a write then, 2.2-2.5 now;
+    # bench/results/rollout_overhead.md, "What the status builds cost in place"). The one change made to a listed
+    # pod in place, its gate (``reconcile.gates``), does not touch its incarnation (uid, restart counts).
     made, kept = memory.summaries, {}
+    view, steps, read_through = memory.engine_view, memory.steps, memory.engine_view_incarnations
     for pod in pods:
         name = pod["metadata"]["name"]
+        state = view.get(name)
+        if state is None:
+            # No observation, so none read through another incarnation (``remember`` keeps both per pod).
+            continue
+        step, through = steps.get(name), read_through.get(name)
+        last = made.get(name)
+        if last is not None and last[0] is state and last[1] == step and last[2] is pod and last[3] == through:
+            kept[name] = last
+            summaries[name] = last[4]
+            continue
         if memory.replaced(name, facts.facts(pod).incarnation):
             # A pod recreated under the same name, or whose container restarted, is a new engine process on
             # the initial checkpoint: what its predecessor served (in memory and in the status) says nothing
             # of it until it is read.
-            summaries[name] = _NOTHING_KNOWN
-            continue
-        state, step = memory.engine_view.get(name), memory.steps.get(name)
-        if state is None:
-            continue
-        last = made.get(name)
-        if last is not None and last[0] is state and last[1] == step:
-            summary = last[2]
+            summary = _NOTHING_KNOWN
+        elif last is not None and last[0] is state and last[1] == step and last[4] is not _NOTHING_KNOWN:
+            summary = last[4]  # the same engine seen through a newer object of the same pod
         else:
             # An engine that does not answer holds nothing the status may claim: its revisions read unknown (a
             # crashed engine comes back on the initial checkpoint), its step says why.
@@ -206,7 +217,7 @@ def _engines(
                 if state.reachable
                 else fleet_status.EngineSummary(None, None, step or "Unreachable", None)
             )
-        kept[name] = (state, step, summary)
+        kept[name] = (state, step, pod, through, summary)
         summaries[name] = summary
     memory.summaries = kept
     return summaries

@@ -1140,7 +1140,8 @@ class RolloutPass:
             order=self.order,
             states=self.states,
             decisions=self.decisions,
-            attempts={p: self._attempts(p) for p in self.order},
+            # The pods that failed (few), not a lookup per pod of the fleet at every progress write.
+            attempts={p: n for (key, p), n in self.memory.attempts.items() if key == self.key},
             messages=self.messages,
             durations=self.memory.durations.get(self.key, {}),
             total=max(self.spec.replicas, len(self.order)),
