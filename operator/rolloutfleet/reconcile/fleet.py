@@ -180,9 +180,10 @@ def _engines(
     # observation was read through. Making every pod's again took 1.9-2.7 ms of each of a pass's status writes at
     # 1,024 pods, more than building the status from the pods' facts (0.7-0.8 ms kept; issue 18). A pod whose four
     # are its summary's is not read at all (its facts and incarnation were asked at every write before: in place,
-    # during a long-tail Rolling revision at 1,024 pods, this walk took 3.6-4.2 ms a write then, 2.2-2.5 now;
-    # bench/results/rollout_overhead.md, "What the status builds cost in place"). The one change made to a listed
-    # pod in place, its gate (``reconcile.gates``), does not touch its incarnation (uid, restart counts).
+    # during a long-tail Rolling revision at 1,024 pods, this walk took 3.5-4.2 ms a write then and 2.0-2.9 now,
+    # the reads of changed pods aside; bench/results/rollout_overhead.md, "What the status builds cost in place").
+    # The one change made to a listed pod in place, its gate (``reconcile.gates``), does not touch its incarnation
+    # (uid, restart counts).
     made, kept = memory.summaries, {}
     view, steps, read_through = memory.engine_view, memory.steps, memory.engine_view_incarnations
     for pod in pods:
