@@ -1,5 +1,5 @@
 """Failure summaries and status size (issue 15 defect 21): a failure on many pods reads once, and a
-revision's status stays far below the API server's object size limit at 4,096 pods."""
+revision's status stays far below the API server's object size limit at 4,096 pods, listing the pods not done."""
 
 from __future__ import annotations
 
@@ -18,6 +18,31 @@ MESSAGE = "ExtensionIo: no such directory: '/weights/p/step-9/verifier'"
 
 def failure(i: int, message: str = MESSAGE, step: str = "LoadVerifier") -> PodFailure:
     return PodFailure(name=f"p-{i}", step=step, reason="ExtensionIo", message=message, attempts=3)
+
+
+def _progress(
+    order: list[str],
+    decisions: dict[str, Decision],
+    messages: dict[str, str],
+    attempts: dict[str, int],
+    durations: dict[str, list[float]],
+) -> WeightRevisionStatus:
+    """A pass's progress status of revision 7, every pod's engine holding its pair."""
+    digest = "blake3:" + "a" * 64
+    state = EngineState(reachable=True, verifier=TargetState(7, digest), draft=TargetState(7, digest))
+    return revision_status.progressing(
+        WeightRevisionStatus(),
+        goal=Goal(revision=7, verifier_path="/w/7/v", sleep_mode=True, draft_path="/w/7/d"),
+        order=order,
+        states=dict.fromkeys(order, state),
+        decisions=decisions,
+        attempts=attempts,
+        messages=messages,
+        durations=durations,
+        total=len(order),
+        rolling_back=False,
+        generation=1,
+    )
 
 
 def test_identical_failures_are_said_once_with_a_count_and_which_pods() -> None:
@@ -49,25 +74,10 @@ def test_status_failures_are_bounded() -> None:
 def test_a_4096_pod_revision_status_stays_small() -> None:
     """Every pod listed with two digests would be ~1.2 MB at 4,096 pods, near etcd's 1.5 MiB object limit;
     the status lists every pod only up to 256 and otherwise the pods that are not done."""
-    digest = "blake3:" + "a" * 64
-    goal = Goal(revision=7, verifier_path="/w/7/v", sleep_mode=True, draft_path="/w/7/d")
     order = [f"policy-{i}" for i in range(4096)]
-    state = EngineState(reachable=True, verifier=TargetState(7, digest), draft=TargetState(7, digest))
     decisions = {p: Decision(Step.DONE) for p in order}
     decisions["policy-17"] = Decision(Step.LOAD_DRAFT)
-    status = revision_status.progressing(
-        WeightRevisionStatus(),
-        goal=goal,
-        order=order,
-        states=dict.fromkeys(order, state),
-        decisions=decisions,
-        attempts={},
-        messages={"policy-17": MESSAGE},
-        durations={"LoadVerifier": [0.5] * 4096},
-        total=4096,
-        rolling_back=False,
-        generation=1,
-    )
+    status = _progress(order, decisions, {"policy-17": MESSAGE}, {}, {"LoadVerifier": [0.5] * 4096})
     size = len(json.dumps(status.to_wire()))
     assert size < 64 * 1024, size
     assert [p.name for p in status.pods] == ["policy-17"] and status.pods_updated == 4095
@@ -79,3 +89,25 @@ def test_each_pod_is_kept_once() -> None:
     the verifier and the draft of every pod)."""
     twice = [failure(0), failure(0, "another", "LoadDraft"), failure(1)]
     assert [f.name for f in failures.bounded(twice)] == ["p-0", "p-1"]
+
+
+def test_progress_of_a_large_fleet_lists_the_first_pods_not_done_and_counts_every_pod() -> None:
+    """Mid-revision at 600 pods: the status lists, in the fleet's order, the first ``MAX_POD_ENTRIES`` pods that
+    are not done or carry a message (a pod done with a message among them), each with its attempts (the pass
+    passes only the pods that failed); ``updated`` counts the pods done, ``Verified`` the pods done or about to
+    resume on verified weights. A walk that stopped early, or counted from the listed pods, would miss these."""
+    order = [f"policy-{i}" for i in range(600)]
+    # 0-99 done, 100-149 about to resume, 150-449 loading, 450-599 not decided yet; 40 done with a message
+    decisions = {p: Decision(Step.DONE) for p in order[:100]}
+    decisions.update({p: Decision(Step.RESUME) for p in order[100:150]})
+    decisions.update({p: Decision(Step.LOAD_VERIFIER) for p in order[150:450]})
+    messages = {"policy-40": "LoadVerifier: retried"}
+    status = _progress(order, decisions, messages, {"policy-40": 1, "policy-200": 2}, {})
+    listed = [p.name for p in status.pods]
+    assert len(listed) == revision_status.MAX_POD_ENTRIES
+    assert listed == ["policy-40", *order[100 : 100 + revision_status.MAX_POD_ENTRIES - 1]]
+    assert {p.name: p.attempts for p in status.pods if p.attempts} == {"policy-40": 1, "policy-200": 2}
+    assert (status.pods_updated, status.updated) == (100, "100/600")
+    verified = next(c for c in status.conditions if c.type == revision_status.VERIFIED)
+    assert verified.message == "150/600 pods report the expected digests" and verified.status == "False"
+    assert status.pods[-1].step == Step.LOAD_VERIFIER.value
