@@ -42,7 +42,7 @@ def threshold_from(env: Mapping[str, str]) -> tuple[int, int, int] | None:
     raw = env.get(ENV, "").strip()
     if not raw:
         return DEFAULT_THRESHOLD
-    if raw == "python":
+    if not tuned(env):
         return None
     parts = [p.strip() for p in raw.split(",")]
     try:

@@ -194,17 +194,20 @@ def _engines(
             continue
         step, through = steps.get(name), read_through.get(name)
         last = made.get(name)
-        if last is not None and last[0] is state and last[1] == step and last[2] is pod and last[3] == through:
-            kept[name] = last
-            summaries[name] = last[4]
-            continue
+        earlier = None  # the summary of this observation and step, made through another object of the pod
+        if last is not None and last[0] is state and last[1] == step:
+            if last[2] is pod and last[3] == through:
+                kept[name] = last
+                summaries[name] = last[4]
+                continue
+            earlier = last[4]
         if memory.replaced(name, facts.facts(pod).incarnation):
             # A pod recreated under the same name, or whose container restarted, is a new engine process on
             # the initial checkpoint: what its predecessor served (in memory and in the status) says nothing
             # of it until it is read.
             summary = _NOTHING_KNOWN
-        elif last is not None and last[0] is state and last[1] == step and last[4] is not _NOTHING_KNOWN:
-            summary = last[4]  # the same engine seen through a newer object of the same pod
+        elif earlier is not None and earlier is not _NOTHING_KNOWN:
+            summary = earlier  # the same engine seen through a newer object of the same pod
         else:
             # An engine that does not answer holds nothing the status may claim: its revisions read unknown (a
             # crashed engine comes back on the initial checkpoint), its step says why.

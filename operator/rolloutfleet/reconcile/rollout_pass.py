@@ -777,6 +777,10 @@ class RolloutPass:
     def _attempts(self, pod: str) -> int:
         return self.memory.attempts.get((self.key, pod), 0)
 
+    def _failed(self) -> dict[str, int]:
+        """The attempts of this revision's pods that failed a step: few, where the fleet is many."""
+        return {p: n for (key, p), n in self.memory.attempts.items() if key == self.key}
+
     def _fail(self, pod: str, reason: str, message: str) -> None:
         self.memory.attempts[(self.key, pod)] = self._attempts(pod) + 1
         self.messages[pod] = f"{reason}: {message}"
@@ -786,7 +790,7 @@ class RolloutPass:
 
     def _exhausted(self) -> list[str]:
         # Over the pods that failed (few), not the fleet: this runs at every iteration.
-        failed = {p for (key, p), n in self.memory.attempts.items() if key == self.key and n > self.plan.max_retries}
+        failed = {p for p, n in self._failed().items() if n > self.plan.max_retries}
         return [p for p in self.order if p in failed] if failed else []
 
     async def _step(self, pod: str, decision: Decision) -> None:
@@ -1140,8 +1144,7 @@ class RolloutPass:
             order=self.order,
             states=self.states,
             decisions=self.decisions,
-            # The pods that failed (few), not a lookup per pod of the fleet at every progress write.
-            attempts={p: n for (key, p), n in self.memory.attempts.items() if key == self.key},
+            attempts=self._failed(),  # (not a lookup per pod of the fleet at every progress write)
             messages=self.messages,
             durations=self.memory.durations.get(self.key, {}),
             total=max(self.spec.replicas, len(self.order)),
