@@ -173,16 +173,19 @@ def pod_sequence(
 ) -> tuple[float, float]:
     """One pod's (pre-resume, resume) seconds: the steps the operator runs on it, back to back.
 
-    Sleep mode: pause, sleep, wake weights, load verifier, load draft, set weight version, then the resume
-    composition wake kv_cache [+ reset prefix cache] + resume. In-flight: the same without sleep and wakes.
-    ``versioned``: the engine has weight-version routes (vLLM 0.33; 0.26 skips the step)."""
+    Sleep mode: pause, sleep, wake weights, load verifier, load draft, then the resume composition
+    (``reconcile.executor``'s resume calls, after the AllAtOnce barrier): set the weight version, wake kv_cache
+    [+ reset prefix cache] + resume. In-flight: the same without sleep and wakes. ``versioned``: the engine has
+    weight-version routes (vLLM 0.33; 0.26 skips the step). Until 2026-12-06 this bench counted the stamp
+    before the barrier: an AllAtOnce bound differs by it only where the draws make another pod the slowest on
+    one side of the barrier, by milliseconds; a Rolling bound not at all."""
     pre = ["pause"]
     if mode == "sleep":
         pre += ["sleep", "wake_up:weights"]
     pre += list(LOAD_STEPS)
-    if versioned:
-        pre.append("update_weight_version")
-    resume = ["wake_up:kv_cache"] if mode == "sleep" else []
+    resume = ["update_weight_version"] if versioned else []
+    if mode == "sleep":
+        resume.append("wake_up:kv_cache")
     if reset_prefix_cache:
         resume.append("reset_prefix_cache")
     resume.append("resume")
@@ -204,9 +207,14 @@ def lower_bound(
     the slowest pre-resume sum plus the slowest resume. Rolling: pods start in ordinal order, at most
     ``max_unavailable`` out of service at once, each running its whole sequence back to back: the makespan
     of that greedy list schedule."""
-    if not per_pod_steps:
-        return 0.0
     seqs = [pod_sequence(s, mode, reset_prefix_cache=reset_prefix_cache, versioned=versioned) for s in per_pod_steps]
+    return schedule_bound(seqs, rollout, max_unavailable)
+
+
+def schedule_bound(seqs: list[tuple[float, float]], rollout: str, max_unavailable: int | str = 1) -> float:
+    """``lower_bound`` of pods whose (pre-resume, resume) seconds are ``seqs``, in ordinal order."""
+    if not seqs:
+        return 0.0
     if rollout == "AllAtOnce":
         return max(pre for pre, _ in seqs) + max(res for _, res in seqs)
     if rollout != "Rolling":
@@ -215,6 +223,82 @@ def lower_bound(
     for pre, res in seqs:
         heapq.heappush(slots, heapq.heappop(slots) + pre + res)
     return max(slots)
+
+
+# The steps that make a pod's resume (``pod_sequence``): the first of them to run starts it.
+RESUME_KEYS = frozenset({"update_weight_version", "wake_up:kv_cache", "reset_prefix_cache", "resume"})
+
+
+def engine_spans(steps: list[tuple[str, float, float]]) -> dict[str, float] | None:
+    """One engine's revision as it ran, from its own log (``step_times``): when its pause, its last pre-resume
+    step, its resume's first step and its resume ran (this machine's monotonic clock), or None
+    if it did not pause and resume in this window. The engine's own time is pause → last pre-resume step and
+    its resume's first step → resume: what the bound's pre-resume and resume seconds were configured as, plus
+    what the engine took beyond them (its process busy with the other engines it serves)."""
+    ordered = sorted(steps, key=lambda s: s[1])
+    pause = next((i for i, s in enumerate(ordered) if s[0].split(":", 1)[0] == "pause"), None)
+    if pause is None:
+        return None
+    first_resume = next((i for i in range(pause + 1, len(ordered)) if ordered[i][0] in RESUME_KEYS), None)
+    resume = next((s for s in ordered[pause + 1 :] if s[0] == "resume"), None)
+    if first_resume is None or resume is None:
+        return None
+    pre = ordered[pause:first_resume]  # (the withdrawal runs before the pause, the admission after the resume)
+    return {
+        "pause": ordered[pause][1],
+        "pre_end": max(s[2] for s in pre),
+        "resume_start": ordered[first_resume][1],
+        "resume_end": resume[2],
+    }
+
+
+def engine_timeline(
+    steps_by_ip: dict[str, list[tuple[str, float, float]]],
+    order: list[str],
+    configured: list[tuple[float, float]],
+    rollout: str,
+    max_unavailable: int | str,
+    created: float,
+    total: float,
+) -> dict[str, Any] | None:
+    """Where a revision's wall went, read from the engines' own logs: the bound with each engine's steps as long
+    as they took (``engines_bound_s``, against ``lower_bound``'s configured ones), how much longer than configured
+    the engines' own parts took, and (AllAtOnce) the revision's milestones in seconds from its creation.
+
+    ``order``: the pods' IPs in ordinal order; ``configured``: their (pre-resume, resume) seconds as drawn, in
+    the same order; ``created``: the revision's creation on this machine's monotonic clock; ``total``: its wall.
+    None when some pod's engine did not log a whole update in the window."""
+    spans = [engine_spans(steps_by_ip.get(ip, [])) for ip in order]
+    if not spans or any(s is None for s in spans):
+        return None
+    real = [s for s in spans if s is not None]
+    if rollout == "AllAtOnce":  # two requests, the barrier between them
+        ran = [(s["pre_end"] - s["pause"], s["resume_end"] - s["resume_start"]) for s in real]
+    else:  # one request from the pause through the resume: the engine's time is all of it
+        ran = [(s["resume_end"] - s["pause"], 0.0) for s in real]
+    late = [sum(a) - sum(c) for a, c in zip(ran, configured, strict=True)]
+    engines_bound = schedule_bound(ran, rollout, max_unavailable)
+    out: dict[str, Any] = {
+        "engines_bound_s": round(engines_bound, 3),
+        "over_engines_bound_s": round(total - engines_bound, 3),
+        # How much longer than drawn each engine's own part took (its process serving other engines).
+        "engines_late_ms": {"mean": round(1000 * sum(late) / len(late), 1), "max": round(1000 * max(late), 1)},
+    }
+    if rollout == "AllAtOnce":
+
+        def at(t: float) -> float:
+            return round(t - created, 3)
+
+        out["milestones_s"] = {
+            "first pause started": at(min(s["pause"] for s in real)),
+            "last pause started": at(max(s["pause"] for s in real)),
+            "last pre-resume step ended": at(max(s["pre_end"] for s in real)),
+            "first resume started": at(min(s["resume_start"] for s in real)),
+            "last resume started": at(max(s["resume_start"] for s in real)),
+            "last resume ended": at(max(s["resume_end"] for s in real)),
+            "revision final": round(total, 3),
+        }
+    return out
 
 
 def _py_spy() -> str:
@@ -459,6 +543,7 @@ class BenchFollower(PodFollower):
     _wanted: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict, init=False)
     _applied: dict[str, Any] = dataclasses.field(default_factory=dict, init=False)  # engine key -> engine set
     _acked: tuple[int, int, int] | None = dataclasses.field(default=None, init=False)
+    _dumped: int = dataclasses.field(default=-1, init=False)
 
     def mine(self, pod: FollowedPod) -> bool:
         return _ordinal(pod.name) % self.procs == self.index
@@ -494,6 +579,7 @@ class BenchFollower(PodFollower):
                         self._serial, self._wanted = int(data["serial"]), data["latencies"]
                         self._applied.clear()
             self._apply()  # every round: an engine started since (a pod restarted) gets its latencies too
+            self._dump()
             await asyncio.sleep(0.5)
 
     def _apply(self) -> None:
@@ -511,6 +597,42 @@ class BenchFollower(PodFollower):
             tmp.write_text(json.dumps({"serial": ack[0], "updated": ack[1], "engines": ack[2]}))
             tmp.replace(path)
             self._acked = ack
+
+    def _dump(self) -> None:
+        """Answer the bench's request for its engines' step times (``dump_path``), once per request."""
+        assert self.latency_file is not None
+        with contextlib.suppress(FileNotFoundError, ValueError, KeyError, TypeError):
+            request = json.loads(dump_path(self.latency_file).read_text())
+            serial, since = int(request["serial"]), float(request["since"])
+            if serial == self._dumped:
+                return
+            engines = dict(self.sim.engines) if self.sim is not None else {}
+            times = {key.rpartition(":")[0]: step_times(e.log.entries, since) for key, e in engines.items()}
+            path = steps_path(self.latency_file, self.index)
+            tmp = _temporary(path)
+            tmp.write_text(json.dumps({"serial": serial, "engines": times}))
+            tmp.replace(path)
+            self._dumped = serial
+
+
+def step_times(entries: list[dict[str, Any]], since: float) -> list[tuple[str, float, float]]:
+    """An engine's answered steps that ended at or after ``since`` (this machine's monotonic clock, as the
+    bench's): each as (its most specific key, when it started, when it ended), in the engine's order."""
+    return [
+        (str(e.get("key") or e["step"]), float(e["t0"]), float(e["t"]))
+        for e in entries
+        if "t0" in e and e.get("status") == 200 and e["t"] >= since
+    ]
+
+
+def dump_path(latency_file: pathlib.Path) -> pathlib.Path:
+    """Where the bench asks the followers for their engines' step times (``{"serial", "since"}``)."""
+    return latency_file.with_name(f"{latency_file.name}.dump")
+
+
+def steps_path(latency_file: pathlib.Path, index: int) -> pathlib.Path:
+    """Where follower ``index`` answers with its engines' step times (``{"serial", "engines": {ip: [...]}}``)."""
+    return latency_file.with_name(f"{latency_file.name}.steps.{index}")
 
 
 def ack_path(latency_file: pathlib.Path, index: int) -> pathlib.Path:
@@ -1057,6 +1179,7 @@ class Fleet:
     reset_prefix_cache: bool
     probe: subprocess.Popen[bytes] | None = None  # --speed-probe
     serial: int = 0
+    dump_serial: int = 0
 
     @property
     def probe_path(self) -> pathlib.Path:
@@ -1141,6 +1264,31 @@ class Fleet:
                 return
             time.sleep(0.2)
         raise TimeoutError(f"followers applied latencies to {updated}/{len(by_ip)} engines in {timeout:.0f}s")
+
+    def engine_steps(self, since: float, timeout: float = 30.0) -> dict[str, list[tuple[str, float, float]]] | None:
+        """Every engine's answered steps since ``since`` (``step_times``), by pod IP, as the followers logged
+        them; None if a follower did not answer within ``timeout``."""
+        self.dump_serial += 1
+        request = dump_path(self.latency_file)
+        tmp = _temporary(request)
+        tmp.write_text(json.dumps({"serial": self.dump_serial, "since": since}))
+        tmp.replace(request)
+        pending = {i: steps_path(self.latency_file, i) for i in range(len(self.followers))}
+        merged: dict[str, list[tuple[str, float, float]]] = {}
+        started = time.monotonic()
+        while pending and time.monotonic() - started < timeout:
+            for i, path in list(pending.items()):
+                with contextlib.suppress(FileNotFoundError, ValueError):
+                    answer = json.loads(path.read_text())
+                    if answer["serial"] == self.dump_serial:
+                        merged.update({ip: [tuple(s) for s in steps] for ip, steps in answer["engines"].items()})
+                        del pending[i]
+            if pending:
+                time.sleep(0.2)
+        if pending:
+            _log(f"followers {sorted(pending)} gave no step times within {timeout:.0f}s")
+            return None
+        return merged
 
     def cpu(self, spy: int | None = None) -> dict[str, float]:
         """CPU seconds so far by role, plus the machine's busy seconds and a monotonic timestamp."""
@@ -1483,6 +1631,8 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
             total = time.monotonic() - t0
         sched1 = _proc_sched(fleet.operator.pid)
         cpu1, req1 = fleet.cpu(spy.pid if spy else None), _request_counts(fleet.metrics_port)
+        # (after the CPU readings: the followers' answers cost them CPU that is not the revision's)
+        engine_steps = fleet.engine_steps(t0)
         server = _delta(_server_metrics(fleet.local), server0)
         queues = controller_queue_summary(_controller_queues(fleet.local), queues0)
         if profiling is not None:
@@ -1526,6 +1676,19 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
     gc_s = _delta(req1["gc"], req0["gc"])
     lag = loop_lag_summary(req1["lag"], req0["lag"])
     phase = status.get("phase") or "Timeout"
+    engines_ran = (
+        engine_timeline(
+            engine_steps,
+            [ip for _, ip, _ in pods],
+            [pod_sequence(steps, scenario.mode, reset_prefix_cache=fleet.reset_prefix_cache) for steps in per_pod],
+            scenario.rollout,
+            scenario.max_unavailable,
+            t0,
+            total,
+        )
+        if engine_steps is not None and phase == "Succeeded"
+        else None
+    )
     row = {
         "kind": "scenario",
         "pods": n,
@@ -1541,6 +1704,9 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
         "overhead_s": round(total - bound, 2),
         "overhead_pct": round(100 * (total - bound) / bound, 1) if bound > 0 else None,
         "target_s": round(0.05 * bound + 1, 2),
+        # The wall against the engines as they ran (``engine_timeline``): what the simulated engines took beyond
+        # their configured latencies is theirs, not the operator's.
+        "engine_timeline": engines_ran,
         "operator_cpu_s": cpu["operator"],
         "operator_cpu_ms_per_pod": round(1000 * cpu["operator"] / n, 2),
         # ``calibrate`` on this machine right before the revision: the speed the CPU per pod was measured at.
@@ -1721,6 +1887,75 @@ def phase_cpu_tables(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+MILESTONES = (
+    "first pause started",
+    "last pause started",
+    "last pre-resume step ended",
+    "first resume started",
+    "last resume started",
+    "last resume ended",
+    "revision final",
+)
+
+
+def engine_timeline_tables(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown: each revision's wall against the engines as they ran (``engine_timeline``), and the AllAtOnce
+    revisions' milestones."""
+    read = [r for r in rows if r.get("engine_timeline")]
+    if not read:
+        return []
+    lines = [
+        "",
+        "## The wall against the engines as they ran (the engines' own logs)",
+        "",
+        "The lower bound takes each step to last what it was configured to; a simulated engine that shares its "
+        "process with others (and the machine with the control plane) takes longer, and that part of the wall is "
+        "the harness's, not the operator's. \"engines' bound\": the same bound with each engine's part as long as "
+        "it ran by its own log (AllAtOnce: from its pause to its last pre-resume step, and from its resume's first "
+        'step to the resume; Rolling: from its pause through its resume, one request); "late": how much longer '
+        "than drawn each engine's part ran, mean and worst over the pods. What an engine's process spent before a "
+        "request's first step started and after its resume ended (reading the request, writing the answer, its "
+        "event loop busy with other engines) is not in its part: it counts as over the engines' bound, with the "
+        "operator's and the control plane's time.",
+        "",
+        "| pods | scenario | total s | lower bound s | engines' bound s | over the lower bound s | over the engines' "
+        "bound s | target s | engines late ms (mean, worst) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in read:
+        t = r["engine_timeline"]
+        late = t["engines_late_ms"]
+        cells = [
+            r["pods"],
+            r["scenario"],
+            r["total_s"],
+            r["lower_bound_s"],
+            t["engines_bound_s"],
+            r["overhead_s"],
+            t["over_engines_bound_s"],
+            r["target_s"],
+            f"{late['mean']}, {late['max']}",
+        ]
+        lines.append("| " + " | ".join(_fmt(v) for v in cells) + " |")
+    marked = [r for r in read if r["engine_timeline"].get("milestones_s")]
+    if marked:
+        shown = [m for m in MILESTONES if any(m in r["engine_timeline"]["milestones_s"] for r in marked)]
+        lines += [
+            "",
+            "AllAtOnce milestones, seconds from the revision's creation (engines' clocks; the last column the "
+            "bench's watch of the revision):",
+            "",
+            "| pods | scenario | " + " | ".join(shown) + " |",
+            "|---:|---|" + "---:|" * len(shown),
+        ]
+        for r in marked:
+            m = r["engine_timeline"]["milestones_s"]
+            lines.append(
+                "| " + " | ".join(_fmt(v) for v in [r["pods"], r["scenario"], *(m.get(k) for k in shown)]) + " |"
+            )
+    return lines
+
+
 def _placement(args: argparse.Namespace, cores: int | None) -> str:
     """The report's sentence on who ran on which cores."""
     if args.operator_cpu is None:
@@ -1862,6 +2097,7 @@ def report(
                 cells.append(f"{probe['rest_ms']} → {probe['during_ms']} (x{probe['slowdown']})" if probe else None)
             lines.append("| " + " | ".join(_fmt(v) for v in cells) + " |")
     lines += phase_cpu_tables(rows)
+    lines += engine_timeline_tables(rows)
     profiled = [r for r in rows if r.get("profile")]
     if any(r["profile"].get("native") for r in profiled):
         lines += [
