@@ -1631,8 +1631,6 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
             total = time.monotonic() - t0
         sched1 = _proc_sched(fleet.operator.pid)
         cpu1, req1 = fleet.cpu(spy.pid if spy else None), _request_counts(fleet.metrics_port)
-        # (after the CPU readings: the followers' answers cost them CPU that is not the revision's)
-        engine_steps = fleet.engine_steps(t0)
         server = _delta(_server_metrics(fleet.local), server0)
         queues = controller_queue_summary(_controller_queues(fleet.local), queues0)
         if profiling is not None:
@@ -1648,6 +1646,9 @@ def run_scenario(fleet: Fleet, scenario: Scenario, index: int, revision: int) ->
             except subprocess.TimeoutExpired:
                 spy.kill()
                 spy.wait()
+    # After every reading of the revision's window: the followers take up to their poll (0.5 s) to answer, and
+    # answering costs them CPU that is not the revision's.
+    engine_steps = fleet.engine_steps(t0)
     profile = (
         summarize_profile(spy_file.read_text(), native=args.profile_native)
         if spy_file is not None and spy_file.exists()
