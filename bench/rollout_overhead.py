@@ -592,10 +592,9 @@ class BenchFollower(PodFollower):
         updated = sum(1 for key, engine in self._applied.items() if engines.get(key) is engine)
         ack = (self._serial, updated, len(engines))
         if ack != self._acked and self.latency_file is not None:
-            path = ack_path(self.latency_file, self.index)
-            tmp = _temporary(path)
-            tmp.write_text(json.dumps({"serial": ack[0], "updated": ack[1], "engines": ack[2]}))
-            tmp.replace(path)
+            _write_whole(
+                ack_path(self.latency_file, self.index), {"serial": ack[0], "updated": ack[1], "engines": ack[2]}
+            )
             self._acked = ack
 
     def _dump(self) -> None:
@@ -608,10 +607,7 @@ class BenchFollower(PodFollower):
                 return
             engines = dict(self.sim.engines) if self.sim is not None else {}
             times = {key.rpartition(":")[0]: step_times(e.log.entries, since) for key, e in engines.items()}
-            path = steps_path(self.latency_file, self.index)
-            tmp = _temporary(path)
-            tmp.write_text(json.dumps({"serial": serial, "engines": times}))
-            tmp.replace(path)
+            _write_whole(steps_path(self.latency_file, self.index), {"serial": serial, "engines": times})
             self._dumped = serial
 
 
@@ -645,6 +641,14 @@ def _temporary(path: pathlib.Path) -> pathlib.Path:
     # follower wrote the same temporary file and one follower's ``replace`` could find it gone (its watch
     # task then died: "followers applied latencies to 768/1024 engines", four followers at 1,024 pods).
     return path.with_name(path.name + ".tmp")
+
+
+def _write_whole(path: pathlib.Path, data: Any) -> None:
+    """``data`` as JSON at ``path``, replaced whole: the bench and its followers read each other's files while
+    they are written (``_temporary``)."""
+    tmp = _temporary(path)
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
 
 
 def follower_main(
@@ -1247,9 +1251,7 @@ class Fleet:
     def push_latencies(self, by_ip: dict[str, dict[str, float]], timeout: float = 120.0) -> None:
         """Hand the followers their engines' latencies; return once they run on every engine."""
         self.serial += 1
-        tmp = _temporary(self.latency_file)
-        tmp.write_text(json.dumps({"serial": self.serial, "latencies": by_ip}))
-        tmp.replace(self.latency_file)
+        _write_whole(self.latency_file, {"serial": self.serial, "latencies": by_ip})
         acks = [ack_path(self.latency_file, i) for i in range(len(self.followers))]
         started = time.monotonic()
         updated = 0
@@ -1269,10 +1271,7 @@ class Fleet:
         """Every engine's answered steps since ``since`` (``step_times``), by pod IP, as the followers logged
         them; None if a follower did not answer within ``timeout``."""
         self.dump_serial += 1
-        request = dump_path(self.latency_file)
-        tmp = _temporary(request)
-        tmp.write_text(json.dumps({"serial": self.dump_serial, "since": since}))
-        tmp.replace(request)
+        _write_whole(dump_path(self.latency_file), {"serial": self.dump_serial, "since": since})
         pending = {i: steps_path(self.latency_file, i) for i in range(len(self.followers))}
         merged: dict[str, list[tuple[str, float, float]]] = {}
         started = time.monotonic()
