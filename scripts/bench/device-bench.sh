@@ -12,6 +12,15 @@
 #   device call 2:  run  carry [".device-bench/2"]    command "bash scripts/bench/device-bench.sh unpack"
 #   device call 3:  run  carry [".device-bench/whl"]  command "bash scripts/bench/device-bench.sh unpack && bash scripts/bench/device-bench.sh bench --sizes 64 256"
 #   later calls:    run  (no carry)                   command "bash scripts/bench/device-bench.sh bench --sizes 1024"
+#   longer than a call (one call is at most 10 minutes; 4,096 pods and more):
+#                   run  command "bash scripts/bench/device-bench.sh start big --sizes 4096"   (returns at once)
+#                   run  command "bash scripts/bench/device-bench.sh wait big"   (again until it says "ended")
+#
+# `start NAME ARGS` runs `bench ARGS` in the background (BENCH_TIMEOUT 1500 s unless set) into
+# /tmp/rfbench/runs/NAME; `wait NAME [SECONDS]` returns once that run ended (its exit status, 0 or the bench's)
+# or SECONDS passed (570 by default; then 75: call it again), prints its log's tail, and copies what it wrote
+# into $OUT/NAME. It tells the end by the status file the run writes last, not by looking for the process (a
+# hand-made `pgrep -f` loop matched its own command line and held the device for minutes after the run ended).
 #
 # That is the layout of December 2026 (the archive ~70 MB in two parts, the 40 wheels ~22 MB beside them);
 # `prepare` prints the parts and the exact carry of each call for whatever it built. The parts may come in any
@@ -42,7 +51,7 @@ repo=$PWD
 PY=${PY:-python3}
 VENV_PY=${VENV_PY:-$repo/.venv/bin/python}
 carry=.device-bench               # here: the parts, each a carry; ignored through .git/info/exclude
-state=/tmp/rfbench                # on the device
+state=${RFBENCH_STATE:-/tmp/rfbench}  # on the device (RFBENCH_STATE: the tests' own directory)
 part_max=$((40 * 1024 * 1024))    # 40 MiB per carried part
 target_py=3.12
 platforms=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64)
@@ -410,9 +419,59 @@ print("versions:", ", ".join(f"{n} {md.version(n)}" for n in names))' || true
   return "$rc"
 }
 
+# A run in the background, for benches longer than one device call (the header's "longer than a call").
+start() {
+  local name=${1:-}
+  [[ "$name" =~ ^[A-Za-z0-9_.-]+$ ]] || { echo "start NAME ARGS: NAME of letters, digits, '.', '_' or '-'" >&2; exit 2; }
+  shift
+  [ -f "$state/ready" ] || { echo "not unpacked: run 'unpack' with every part first ($state/ready missing)" >&2; exit 1; }
+  local dir=$state/runs/$name
+  if [ -f "$dir.pid" ] && [ ! -f "$dir.rc" ] && kill -0 "$(cat "$dir.pid")" 2>/dev/null; then
+    echo "run $name is still going (pid $(cat "$dir.pid")): wait $name" >&2
+    exit 1
+  fi
+  rm -rf "$dir" "$dir.rc" "$dir.pid" "$dir.out"
+  mkdir -p "$dir"
+  # setsid: the run outlives the call that started it. The status file is written last, once the bench ended.
+  RFB_DIR=$dir BENCH_TIMEOUT=${BENCH_TIMEOUT:-1500} setsid nohup bash -c \
+    'rc=0; OUT=$RFB_DIR bash "$0" bench "$@" > "$RFB_DIR.out" 2>&1 || rc=$?; echo "$rc" > "$RFB_DIR.rc"' \
+    "$repo/scripts/bench/device-bench.sh" "$@" < /dev/null > /dev/null 2>&1 &
+  echo $! > "$dir.pid"
+  echo "started $name (pid $!); then: bash scripts/bench/device-bench.sh wait $name"
+}
+
+wait_run() {
+  local name=${1:-} limit=${2:-570} waited=0
+  local dir=$state/runs/$name
+  [ -n "$name" ] && [ -f "$dir.pid" ] || { echo "no run named '$name' (start NAME ARGS starts one)" >&2; exit 2; }
+  while [ ! -f "$dir.rc" ] && [ "$waited" -lt "$limit" ] && kill -0 "$(cat "$dir.pid")" 2>/dev/null; do
+    sleep 1
+    waited=$((waited + 1))
+  done
+  tail -n 20 "$dir/bench.log" 2>/dev/null || tail -n 20 "$dir.out" 2>/dev/null || true
+  if [ -n "${OUT:-}" ]; then
+    mkdir -p "$OUT/$name"
+    cp -r "$dir/." "$OUT/$name/"
+  fi
+  if [ -f "$dir.rc" ]; then
+    local rc
+    rc=$(cat "$dir.rc")
+    echo "run $name ended: rc=$rc"
+    return "$rc"
+  fi
+  if ! kill -0 "$(cat "$dir.pid")" 2>/dev/null; then
+    echo "run $name is gone without an exit status (killed?): see $dir.out" >&2
+    return 1
+  fi
+  echo "run $name still going after ${limit}s: wait $name again"
+  return 75
+}
+
 case "${1:-}" in
   prepare) shift; prepare "$@" ;;
   unpack) unpack ;;
   bench) shift; bench "$@" ;;
+  start) shift; start "$@" ;;
+  wait) shift; wait_run "$@" ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2 ;;
 esac
