@@ -382,8 +382,13 @@ environment() {
   export PYTHONUNBUFFERED=1
 }
 
-bench() {
+# `bench` and `start` need every part unpacked (`unpack` writes $state/ready last).
+need_unpacked() {
   [ -f "$state/ready" ] || { echo "not unpacked: run 'unpack' with every part first ($state/ready missing)" >&2; exit 1; }
+}
+
+bench() {
+  need_unpacked
   environment
   local args=("$@") a has_out=0 has_json=0 log=$state/bench.log
   for a in "${args[@]}"; do
@@ -424,7 +429,7 @@ start() {
   local name=${1:-}
   [[ "$name" =~ ^[A-Za-z0-9_.-]+$ ]] || { echo "start NAME ARGS: NAME of letters, digits, '.', '_' or '-'" >&2; exit 2; }
   shift
-  [ -f "$state/ready" ] || { echo "not unpacked: run 'unpack' with every part first ($state/ready missing)" >&2; exit 1; }
+  need_unpacked
   local dir=$state/runs/$name
   if [ -f "$dir.pid" ] && [ ! -f "$dir.rc" ] && kill -0 "$(cat "$dir.pid")" 2>/dev/null; then
     echo "run $name is still going (pid $(cat "$dir.pid")): wait $name" >&2
